@@ -1,0 +1,1 @@
+"""Visual encoders: frame sampling and image-to-text captioners."""

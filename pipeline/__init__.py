@@ -1,0 +1,1 @@
+"""Orchestration of the video rollout: frames -> sentences -> predicted sentences -> frames."""

@@ -1,0 +1,1 @@
+"""Renderers: text-to-image models and writers for videos and storyboards."""

@@ -1,0 +1,367 @@
+"""The 4-tensor attention predictor (sections 2-5 of the 4-tensor paper).
+
+A window of T sentences of N token ids is lifted into a rank-4 activation per example: token slot x,
+sentence t, semantic fiber n (width d_x) and temporal-context fiber q (width d_t). The stored layout is
+(B, N, T, d_x, d_t); wherever the two fibers are flattened, the flat index is phi(n, q) = n * d_t + q.
+
+Axis names used in the shape comments:
+    B batch, T sentences in the window, N token slots per sentence, V vocabulary,
+    d_x semantic fiber, d_t temporal-context fiber, d = d_x * d_t, H heads.
+"""
+from __future__ import annotations
+
+import math
+from functools import partial
+from dataclasses import asdict, dataclass, fields
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from world_model.checkpoint import PretrainedMixin
+
+
+@dataclass
+class FourTensorConfig:
+    """Hyper-parameters of the 4-tensor predictor (defaults: the CPU-sized preset)."""
+
+    vocab_size: int
+    d_x: int = 16
+    d_t: int = 8
+    n_heads: int = 4
+    n_layers: int = 2
+    n_tokens: int = 16  # N, token slots per sentence
+    n_states: int = 4  # T, sentences in the input window
+    dropout: float = 0.1
+    padding_idx: int = 0
+    attention: str = "fused"  # "fused" (scaled_dot_product_attention) or "reference" (explicit scores)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_x", "d_t", "n_heads", "n_layers", "n_tokens", "n_states"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"FourTensorConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.padding_idx < self.vocab_size:
+            raise ValueError(f"padding_idx {self.padding_idx} is outside the vocabulary of size {self.vocab_size}")
+        if not 0.0 <= self.dropout <= 1.0:
+            raise ValueError(f"dropout must lie in [0, 1], got {self.dropout}")
+        if self.attention not in ("fused", "reference"):
+            raise ValueError(f"attention must be 'fused' or 'reference', got {self.attention!r}")
+
+    @property
+    def d(self) -> int:
+        """Width of the flattened fiber pair, d_x * d_t."""
+        return self.d_x * self.d_t
+
+    @property
+    def d_ff(self) -> int:
+        """MLP hidden width, 4 * d_x * d_t (section 3.3)."""
+        return 4 * self.d
+
+    def to_dict(self) -> dict:
+        return {"model_type": "four_tensor", **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "FourTensorConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def zero_row(grad: torch.Tensor, row: int) -> torch.Tensor:
+    """Gradient hook: the same gradient with one row cleared."""
+    return grad.index_fill(0, torch.tensor([row], device=grad.device), 0.0)
+
+
+def sinusoidal_embedding(positions: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sinusoidal code of real-valued positions: (...) -> (..., dim).
+
+    Slot 2i holds sin(pos / 10000^(2i/dim)), slot 2i+1 the cosine; an odd dim leaves its last slot 0.
+    """
+    half = dim // 2
+    i = torch.arange(half, dtype=positions.dtype, device=positions.device)
+    angle = positions.unsqueeze(-1) / 10000.0 ** (2 * i / dim)
+    pe = positions.new_zeros(*positions.shape, dim)
+    pe[..., 0 : 2 * half : 2] = torch.sin(angle)
+    pe[..., 1 : 2 * half : 2] = torch.cos(angle)
+    return pe
+
+
+class InputConstruction(nn.Module):
+    """Stages A-D of section 4.3: token ids (B, T, N) -> input tensor X (B, N, T, d_x, d_t)."""
+
+    def __init__(self, config: FourTensorConfig):
+        super().__init__()
+        c = config
+        self.E_sem = nn.Embedding(c.vocab_size, c.d_x, padding_idx=c.padding_idx)  # (V, d_x)
+        self.E_temp = nn.Embedding(c.vocab_size, c.d_t, padding_idx=c.padding_idx)  # (V, d_t)
+        # padding_idx only stops the lookup's gradient; the tied readout reaches E_sem too, so the padding
+        # row's gradient is cleared on every path and the row stays zero under AdamW.
+        for table in (self.E_sem, self.E_temp):
+            table.weight.register_hook(partial(zero_row, row=c.padding_idx))
+        x = torch.arange(c.n_tokens, dtype=torch.float32)
+        t = torch.arange(c.n_states, dtype=torch.float32)
+        # Stage B: P[x, n], phase x.  Stage D: Temb[x, t, q], joint phase x + t.
+        self.register_buffer("P", sinusoidal_embedding(x, c.d_x), persistent=False)  # (N, d_x)
+        self.register_buffer("Temb", sinusoidal_embedding(x[:, None] + t[None, :], c.d_t), persistent=False)  # (N, T, d_t)
+
+    def token_tensor(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Stage A and C: outer products E_sem[id] x E_temp[id], (B, T, N) -> (B, N, T, d_x, d_t)."""
+        e_n = self.E_sem(token_ids)  # (B, T, N, d_x)
+        e_q = self.E_temp(token_ids)  # (B, T, N, d_t)
+        return (e_n.unsqueeze(-1) * e_q.unsqueeze(-2)).permute(0, 2, 1, 3, 4)
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        T = token_ids.shape[1]
+        S = self.token_tensor(token_ids)  # (B, N, T, d_x, d_t)
+        P = self.P[None, :, None, :, None]  # broadcast over t and q
+        Temb = self.Temb[None, :, :T, None, :]  # broadcast over n
+        return S + P + Temb
+
+
+class FourTensorAttention(nn.Module):
+    """H full-fiber rank-4 heads of one layer, summed (sections 4.4-4.5).
+
+    The weights of every head and of Q, K, V live in one parameter `w_qkv` of shape
+    (3, H, d_x, d_t, d_x, d_t) indexed [map, head, m, p, n, q], so that one matmul produces all of them.
+    """
+
+    def __init__(self, config: FourTensorConfig):
+        super().__init__()
+        c = config
+        self.n_heads, self.d = c.n_heads, c.d
+        self.fused = c.attention == "fused"
+        w = torch.empty(3, c.n_heads, c.d, c.d)
+        for flat in w.view(-1, c.d, c.d):
+            nn.init.xavier_uniform_(flat)  # Xavier on the flat (d_x d_t) x (d_x d_t) matrix
+        self.w_qkv = nn.Parameter(w.view(3, c.n_heads, c.d_x, c.d_t, c.d_x, c.d_t))
+        self.scale = 1.0 / math.sqrt(c.d)
+
+    def qkv(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """X (B, N*T, d) -> Q, K, V each (B, H, N*T, d)."""
+        B, L, d = X.shape
+        qkv = F.linear(X, self.w_qkv.view(3 * self.n_heads * d, d))  # (B, L, 3*H*d)
+        q, k, v = qkv.view(B, L, 3, self.n_heads, d).permute(2, 0, 3, 1, 4)
+        return q, k, v
+
+    def attention_weights(self, X: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
+        """Joint softmax over all N*T keys: X (B, N, T, d), pad_mask (B, N, T) -> A (B, H, N, T, N, T)."""
+        B, N, T, d = X.shape
+        q, k, _ = self.qkv(X.reshape(B, N * T, d))
+        scores = self.scale * q @ k.transpose(-1, -2)  # (B, H, NT, NT)
+        keys_pad = pad_mask.reshape(B, 1, 1, N * T)
+        scores = scores.masked_fill(keys_pad, torch.finfo(scores.dtype).min)  # key axes only
+        return scores.softmax(dim=-1).view(B, self.n_heads, N, T, N, T)
+
+    def forward(self, X: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
+        """X (B, N, T, d) normalised stream, pad_mask (B, N, T) True at padding -> (B, N, T, d)."""
+        B, N, T, d = X.shape
+        q, k, v = self.qkv(X.reshape(B, N * T, d))
+        if self.fused:
+            # Additive bias of the finite minimum: the same function as masked_fill for any finite score,
+            # since score + finfo.min rounds to finfo.min; an all-padding window stays uniform.
+            bias = torch.zeros(B, 1, 1, N * T, dtype=q.dtype, device=q.device)
+            bias = bias.masked_fill(pad_mask.reshape(B, 1, 1, N * T), torch.finfo(q.dtype).min)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=self.scale)
+        else:
+            A = self.attention_weights(X, pad_mask).view(B, self.n_heads, N * T, N * T)
+            y = A @ v  # (B, H, NT, d)
+        return y.sum(dim=1).view(B, N, T, d)  # heads summed, no 1/sqrt(H), no output projection
+
+
+class FourTensorLayer(nn.Module):
+    """Pre-LN layer: X' = X + drop(Attn(LN(X))); X_out = X' + drop(MLP(LN(X'))) on (B, N, T, d)."""
+
+    def __init__(self, config: FourTensorConfig):
+        super().__init__()
+        self.ln_attn = nn.LayerNorm(config.d)
+        self.attention = FourTensorAttention(config)
+        self.ln_mlp = nn.LayerNorm(config.d)
+        self.fc1 = nn.Linear(config.d, config.d_ff)
+        self.fc2 = nn.Linear(config.d_ff, config.d)
+        self.dropout = nn.Dropout(config.dropout)  # one rate, both residual branches
+
+    def forward(self, X: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
+        X = X + self.dropout(self.attention(self.ln_attn(X), pad_mask))
+        return X + self.dropout(self.fc2(F.gelu(self.fc1(self.ln_mlp(X)))))
+
+
+class StepStats(NamedTuple):
+    """One training step: the window loss and the last-slice statistics on S(T)."""
+
+    loss: torch.Tensor  # mean cross-entropy over the non-padding targets of S(1..T)
+    window_ce_sum: torch.Tensor  # summed cross-entropy over the same targets
+    window_tokens: torch.Tensor  # their count
+    last_ce_sum: torch.Tensor  # summed cross-entropy over the non-padding tokens of S(T)
+    last_correct: torch.Tensor  # argmax matches on those tokens
+    last_tokens: torch.Tensor  # their count
+
+
+class FourTensorModel(PretrainedMixin, nn.Module):
+    """The 4-tensor predictor: token windows (B, T, N) -> logits (B, N, T, V) for S(1..T)."""
+
+    config_class = FourTensorConfig
+
+    def __init__(self, config: FourTensorConfig):
+        super().__init__()
+        self.config = config
+        self.input_construction = InputConstruction(config)
+        self.layers = nn.ModuleList(FourTensorLayer(config) for _ in range(config.n_layers))
+        self.final_norm = nn.LayerNorm(config.d)
+        self.W_prime = nn.Parameter(torch.empty(config.d_t, config.vocab_size))  # (d_t, V)
+        nn.init.xavier_uniform_(self.W_prime)
+
+    # ----- checks on what callers hand in -----
+    def check_token_ids(self, token_ids: torch.Tensor, name: str = "token_ids") -> None:
+        """Reject anything that is not an integer (B, T', N) array of ids in range, with 1 <= T' <= T."""
+        c = self.config
+        if not isinstance(token_ids, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(token_ids).__name__}")
+        if token_ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+            raise TypeError(f"{name} must hold integer token ids, got dtype {token_ids.dtype}")
+        if token_ids.dim() != 3:
+            hint = " (insert the batch axis: ids[None])" if token_ids.dim() == 2 else ""
+            raise ValueError(f"{name} must have shape (B, T, N) = (B, <= {c.n_states}, {c.n_tokens}), got {tuple(token_ids.shape)}{hint}")
+        B, T, N = token_ids.shape
+        if B < 1 or not 1 <= T <= c.n_states or N != c.n_tokens:
+            raise ValueError(f"{name} must have shape (B>=1, 1..{c.n_states}, {c.n_tokens}), got {tuple(token_ids.shape)}")
+        if token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= c.vocab_size):
+            bad = token_ids[(token_ids < 0) | (token_ids >= c.vocab_size)][0]
+            raise ValueError(f"{name} holds id {int(bad)}, outside the vocabulary [0, {c.vocab_size})")
+
+    # ----- forward pass -----
+    def build_pad_mask(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """From ids, never from activations: (B, T, N) -> (B, N, T), True where the slot is padding."""
+        return (token_ids == self.config.padding_idx).permute(0, 2, 1)
+
+    def encode(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Token ids (B, T, N) -> normalised final states X_norm (B, N, T, d), flat index phi(n, q)."""
+        self.check_token_ids(token_ids)
+        token_ids = token_ids.long()
+        pad_mask = self.build_pad_mask(token_ids)  # local to this call, shared by every layer
+        X = self.input_construction(token_ids)  # (B, N, T, d_x, d_t)
+        B, N, T = X.shape[:3]
+        X = X.reshape(B, N, T, self.config.d)
+        for layer in self.layers:
+            X = layer(X, pad_mask)
+        return self.final_norm(X)
+
+    def readout_matrix(self) -> torch.Tensor:
+        """Tied rank-1 readout M (d, V): M[n * d_t + q, v] = E_sem[v, n] * W'[q, v]."""
+        E_sem = self.input_construction.E_sem.weight  # (V, d_x)
+        return torch.einsum("vn,qv->nqv", E_sem, self.W_prime).reshape(self.config.d, self.config.vocab_size)
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Token ids (B, T, N) -> logits (B, N, T, V); logits[:, :, t] predict sentence t + 1."""
+        return self.encode(token_ids) @ self.readout_matrix()
+
+    def last_slice_logits(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Logits of the next sentence only: (B, T, N) -> (B, N, V), read out from the last sentence slot."""
+        return self.encode(token_ids)[:, :, -1] @ self.readout_matrix()
+
+    def training_step(self, token_ids_full: torch.Tensor) -> StepStats:
+        """A stored window (B, T+1, N) -> the window loss on S(1..T) and statistics on S(T).
+
+        The readout runs only on slots whose target is not padding; the result equals the ignore-index
+        cross-entropy of the full logits (B, N, T, V) against Y permuted from (B, T, N) to (B, N, T).
+        """
+        c = self.config
+        if not isinstance(token_ids_full, torch.Tensor) or token_ids_full.dim() != 3:
+            shape = tuple(token_ids_full.shape) if isinstance(token_ids_full, torch.Tensor) else type(token_ids_full).__name__
+            raise ValueError(
+                f"a training example must have shape (B, T+1, N) = (B, {c.n_states + 1}, {c.n_tokens}), got {shape}; "
+                "a single (T+1, N) window needs its batch axis: window[None]"
+            )
+        if token_ids_full.shape[1] != c.n_states + 1:
+            raise ValueError(f"a training example must hold T+1 = {c.n_states + 1} sentences, got {token_ids_full.shape[1]}")
+        self.check_token_ids(token_ids_full[:, :-1], "token_ids_full[:, :-1]")
+        self.check_token_ids(token_ids_full[:, 1:], "token_ids_full[:, 1:]")
+        token_ids_full = token_ids_full.long()
+        X = self.encode(token_ids_full[:, :-1])  # (B, N, T, d)
+        Y = token_ids_full[:, 1:].permute(0, 2, 1)  # (B, T, N) -> (B, N, T)
+        live = Y != c.padding_idx  # (B, N, T)
+        logits = X[live] @ self.readout_matrix()  # (K, V), K live targets
+        target = Y[live]
+        ce = F.cross_entropy(logits, target, reduction="none")  # (K,)
+        last_slot = torch.zeros_like(live)
+        last_slot[:, :, -1] = True
+        is_last = last_slot[live]  # (K,) targets that belong to S(T)
+        correct = logits.argmax(dim=-1) == target
+        window_tokens = live.sum()
+        return StepStats(
+            loss=ce.sum() / window_tokens.clamp(min=1),
+            window_ce_sum=ce.sum().detach(),
+            window_tokens=window_tokens,
+            last_ce_sum=ce[is_last].sum().detach(),
+            last_correct=correct[is_last].sum(),
+            last_tokens=is_last.sum(),
+        )
+
+    # ----- autoregressive rollout -----
+    def decode_state(
+        self,
+        logits: torch.Tensor,
+        end_ids: list[int] | tuple[int, ...] = (),
+        banned_ids: list[int] | tuple[int, ...] = (),
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Read one predicted sentence off its logits: (B, N, V) -> token ids (B, N).
+
+        Length rule. Padding is never a training target (it is dropped by the ignore index) and its logit
+        is fixed at 0 by the zero padding row, so it carries no information about where a sentence ends.
+        The padding column, and any id in `banned_ids` (e.g. the unknown word), is therefore excluded;
+        every slot gets a content token, and the sentence ends at the first slot whose token is one of
+        `end_ids` (the sentence-final punctuation the corpus ends its sentences with). Slots after it are
+        padding. With no end token the sentence fills all N slots.
+
+        temperature 0 is greedy argmax; temperature > 0 samples from softmax(logits / temperature),
+        restricted to the top_k ids when top_k is given, using `generator` for reproducible futures.
+        """
+        logits = logits.float().clone()
+        logits[..., self.config.padding_idx] = float("-inf")
+        if banned_ids:
+            logits[..., list(banned_ids)] = float("-inf")
+        if temperature <= 0:
+            ids = logits.argmax(dim=-1)
+        else:
+            logits = logits / temperature
+            if top_k is not None:
+                kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            probs = logits.softmax(dim=-1)
+            ids = torch.multinomial(probs.view(-1, probs.shape[-1]), 1, generator=generator).view(probs.shape[:-1])
+        if end_ids:
+            is_end = torch.isin(ids, torch.tensor(list(end_ids), device=ids.device))
+            ended_before = (is_end.cumsum(dim=-1) - is_end.long()) > 0  # a slot after the first end token
+            ids = ids.masked_fill(ended_before, self.config.padding_idx)
+        return ids
+
+    @torch.no_grad()
+    def rollout(
+        self,
+        token_ids: torch.Tensor,
+        steps: int,
+        end_ids: list[int] | tuple[int, ...] = (),
+        banned_ids: list[int] | tuple[int, ...] = (),
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Predict `steps` future sentences from a window (B, T, N) -> (B, steps, N).
+
+        Each step reads the next sentence off the last slice, appends the prediction, drops the oldest
+        sentence once the window holds T, and writes the new window again onto positions 0..T-1 (the temporal embedding is
+        recomputed from those positions, section 2.3). Decoding follows `decode_state`.
+        """
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        self.check_token_ids(token_ids)
+        window = token_ids.long()
+        predicted = []
+        for _ in range(steps):
+            logits = self.last_slice_logits(window)  # (B, N, V)
+            state = self.decode_state(logits, end_ids, banned_ids, temperature, top_k, generator)
+            predicted.append(state)
+            window = torch.cat([window, state[:, None]], dim=1)[:, -self.config.n_states :]
+        return torch.stack(predicted, dim=1)
