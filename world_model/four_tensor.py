@@ -157,11 +157,16 @@ class FourTensorAttention(nn.Module):
         B, N, T, d = X.shape
         q, k, v = self.qkv(X.reshape(B, N * T, d))
         if self.fused:
-            # Additive bias of the finite minimum: the same function as masked_fill for any finite score,
-            # since score + finfo.min rounds to finfo.min; an all-padding window stays uniform.
-            bias = torch.zeros(B, 1, 1, N * T, dtype=q.dtype, device=q.device)
-            bias = bias.masked_fill(pad_mask.reshape(B, 1, 1, N * T), torch.finfo(q.dtype).min)
+            # Additive bias of the finite minimum: the same function as masked_fill wherever a key is live,
+            # since score + finfo.min rounds to finfo.min. A window whose keys are all padding gets the
+            # uniform distribution of the reference, i.e. the mean of V, taken directly: the fused kernel's
+            # log-sum-exp cannot resolve log(NT) next to finfo.min and its backward would be wrong there.
+            keys_pad = pad_mask.reshape(B, 1, 1, N * T)
+            all_pad = keys_pad.all(dim=-1, keepdim=True)  # (B, 1, 1, 1)
+            bias = torch.zeros(keys_pad.shape, dtype=q.dtype, device=q.device)
+            bias = bias.masked_fill(keys_pad & ~all_pad, torch.finfo(q.dtype).min)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=self.scale)
+            y = torch.where(all_pad, v.mean(dim=-2, keepdim=True), y)
         else:
             A = self.attention_weights(X, pad_mask).view(B, self.n_heads, N * T, N * T)
             y = A @ v  # (B, H, NT, d)
