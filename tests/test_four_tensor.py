@@ -195,3 +195,27 @@ def test_truncated_or_mismatched_checkpoints_get_clear_errors(tmp_path):
         FourTensorModel.from_pretrained(tmp_path / "ckpt")
     with pytest.raises(CheckpointError, match="holds no config.json"):
         FourTensorModel.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("rows, chunk", [(37, 8), (37, 128), (0, 8)])
+def test_fused_linear_cross_entropy_equals_the_plain_expression(rows, chunk):
+    from world_model.kernels import linear_cross_entropy
+
+    g = torch.Generator().manual_seed(rows)
+    X = torch.randn(rows, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    M = torch.randn(6, 11, generator=g, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(0, 11, (rows,), generator=g)
+    ce_sum, ce, argmax = linear_cross_entropy(X, M, target, chunk=chunk)
+    (3.0 * ce_sum).backward()
+    gX, gM = X.grad.clone(), M.grad.clone()
+    X.grad = M.grad = None
+    logits = X @ M
+    expected = F.cross_entropy(logits, target, reduction="none")
+    (3.0 * expected.sum()).backward()
+    torch.testing.assert_close(ce_sum, expected.sum())
+    torch.testing.assert_close(ce, expected.detach())
+    assert torch.equal(argmax, logits.argmax(-1))
+    torch.testing.assert_close(gX, X.grad)
+    torch.testing.assert_close(gM, M.grad)
+    with torch.no_grad():
+        torch.testing.assert_close(linear_cross_entropy(X, M, target, chunk=chunk)[0], expected.sum())

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from world_model.checkpoint import PretrainedMixin
+from world_model.kernels import linear_cross_entropy
 
 
 @dataclass
@@ -266,8 +267,9 @@ class FourTensorModel(PretrainedMixin, nn.Module):
     def training_step(self, token_ids_full: torch.Tensor) -> StepStats:
         """A stored window (B, T+1, N) -> the window loss on S(1..T) and statistics on S(T).
 
-        The readout runs only on slots whose target is not padding; the result equals the ignore-index
-        cross-entropy of the full logits (B, N, T, V) against Y permuted from (B, T, N) to (B, N, T).
+        The readout runs only on slots whose target is not padding, fused with the cross-entropy; the
+        result equals the ignore-index cross-entropy of the full logits (B, N, T, V) against Y permuted
+        from (B, T, N) to (B, N, T) (tests/test_four_tensor.py proves it).
         """
         c = self.config
         if not isinstance(token_ids_full, torch.Tensor) or token_ids_full.dim() != 3:
@@ -284,20 +286,19 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         X = self.encode(token_ids_full[:, :-1])  # (B, N, T, d)
         Y = token_ids_full[:, 1:].permute(0, 2, 1)  # (B, T, N) -> (B, N, T)
         live = Y != c.padding_idx  # (B, N, T)
-        logits = X[live] @ self.readout_matrix()  # (K, V), K live targets
-        target = Y[live]
-        ce = F.cross_entropy(logits, target, reduction="none")  # (K,)
+        target = Y[live]  # (K,) the live targets, K of them
+        # Readout only on slots with a target, fused with the cross-entropy (no (K, V) logits kept).
+        ce_sum, ce, argmax = linear_cross_entropy(X[live], self.readout_matrix(), target)
         last_slot = torch.zeros_like(live)
         last_slot[:, :, -1] = True
         is_last = last_slot[live]  # (K,) targets that belong to S(T)
-        correct = logits.argmax(dim=-1) == target
         window_tokens = live.sum()
         return StepStats(
-            loss=ce.sum() / window_tokens.clamp(min=1),
-            window_ce_sum=ce.sum().detach(),
+            loss=ce_sum / window_tokens.clamp(min=1),
+            window_ce_sum=ce_sum.detach(),
             window_tokens=window_tokens,
-            last_ce_sum=ce[is_last].sum().detach(),
-            last_correct=correct[is_last].sum(),
+            last_ce_sum=ce[is_last].sum(),
+            last_correct=(argmax == target)[is_last].sum(),
             last_tokens=is_last.sum(),
         )
 
