@@ -87,9 +87,20 @@ def test_length_rule_cuts_after_the_first_end_token():
     logits[0, 2, 11] = 5.0
     logits[0, 4, 12] = 5.0
     assert model.decode_state(logits, end_ids=[END]).tolist() == [[4, 9, 11, 3, 12]]
-    # Banned ids (the unknown word) are never emitted.
+    # The unknown word and banned ids are never emitted.
     logits[0, 0, 1] = 9.0
-    assert model.decode_state(logits, end_ids=[END], banned_ids=[1])[0, 0] == 4
+    logits[0, 1, 2] = 9.0
+    assert model.decode_state(logits, end_ids=[END], banned_ids=[2])[0, :2].tolist() == [4, 9]
+
+
+def test_unknown_word_slot_keeps_its_position_and_is_attended():
+    model = make_model()
+    ids = make_window(B=1)
+    ids[0, 3, 0] = 1  # an unknown word at the head of the last sentence
+    X = model.input_construction(ids)
+    ic = model.input_construction
+    torch.testing.assert_close(X[0, 0, 3], ic.P[0][:, None] + ic.Temb[0, 3][None, :])
+    assert not model.build_pad_mask(ids)[0, 0, 3]
 
 
 def test_sampling_is_seeded_and_top_k_restricts_choices():

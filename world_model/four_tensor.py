@@ -36,6 +36,7 @@ class FourTensorConfig:
     n_states: int = 4  # T, sentences in the input window
     dropout: float = 0.1
     padding_idx: int = 0
+    unknown_idx: int | None = 1  # the unknown word: zero, frozen rows (position only, content-free)
     attention: str = "fused"  # "fused" (scaled_dot_product_attention) or "reference" (explicit scores)
 
     def __post_init__(self) -> None:
@@ -44,6 +45,8 @@ class FourTensorConfig:
                 raise ValueError(f"FourTensorConfig.{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.padding_idx < self.vocab_size:
             raise ValueError(f"padding_idx {self.padding_idx} is outside the vocabulary of size {self.vocab_size}")
+        if self.unknown_idx is not None and not (0 <= self.unknown_idx < self.vocab_size and self.unknown_idx != self.padding_idx):
+            raise ValueError(f"unknown_idx {self.unknown_idx} must be a vocabulary id other than padding_idx")
         if not 0.0 <= self.dropout <= 1.0:
             raise ValueError(f"dropout must lie in [0, 1], got {self.dropout}")
         if self.attention not in ("fused", "reference"):
@@ -68,9 +71,9 @@ class FourTensorConfig:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
-def zero_row(grad: torch.Tensor, row: int) -> torch.Tensor:
-    """Gradient hook: the same gradient with one row cleared."""
-    return grad.index_fill(0, torch.tensor([row], device=grad.device), 0.0)
+def zero_rows(grad: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """Gradient hook: the same gradient with the given rows cleared."""
+    return grad.index_fill(0, torch.tensor(rows, device=grad.device), 0.0)
 
 
 def sinusoidal_embedding(positions: torch.Tensor, dim: int) -> torch.Tensor:
@@ -96,9 +99,15 @@ class InputConstruction(nn.Module):
         self.E_sem = nn.Embedding(c.vocab_size, c.d_x, padding_idx=c.padding_idx)  # (V, d_x)
         self.E_temp = nn.Embedding(c.vocab_size, c.d_t, padding_idx=c.padding_idx)  # (V, d_t)
         # padding_idx only stops the lookup's gradient; the tied readout reaches E_sem too, so the padding
-        # row's gradient is cleared on every path and the row stays zero under AdamW.
-        for table in (self.E_sem, self.E_temp):
-            table.weight.register_hook(partial(zero_row, row=c.padding_idx))
+        # row's gradient is cleared on every path and the row stays zero under AdamW. The unknown word
+        # (text outside the vocabulary, e.g. in captions) never occurs in training; its rows are held at
+        # zero the same way, so an unknown slot carries its position (P + Temb) and no content. Unlike
+        # padding it is not masked: the state keeps its shape.
+        frozen = [c.padding_idx] if c.unknown_idx is None else [c.padding_idx, c.unknown_idx]
+        with torch.no_grad():
+            for table in (self.E_sem, self.E_temp):
+                table.weight[frozen] = 0.0
+                table.weight.register_hook(partial(zero_rows, rows=frozen))
         x = torch.arange(c.n_tokens, dtype=torch.float32)
         t = torch.arange(c.n_states, dtype=torch.float32)
         # Stage B: P[x, n], phase x.  Stage D: Temb[x, t, q], joint phase x + t.
@@ -316,7 +325,8 @@ class FourTensorModel(PretrainedMixin, nn.Module):
 
         Length rule. Padding is never a training target (it is dropped by the ignore index) and its logit
         is fixed at 0 by the zero padding row, so it carries no information about where a sentence ends.
-        The padding column, and any id in `banned_ids` (e.g. the unknown word), is therefore excluded;
+        The padding column, the unknown word (its logit is pinned at 0 the same way) and any id in
+        `banned_ids` are therefore excluded;
         every slot gets a content token, and the sentence ends at the first slot whose token is one of
         `end_ids` (the sentence-final punctuation the corpus ends its sentences with). Slots after it are
         padding. With no end token the sentence fills all N slots.
@@ -325,9 +335,10 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         restricted to the top_k ids when top_k is given, using `generator` for reproducible futures.
         """
         logits = logits.float().clone()
-        logits[..., self.config.padding_idx] = float("-inf")
-        if banned_ids:
-            logits[..., list(banned_ids)] = float("-inf")
+        excluded = [self.config.padding_idx, *banned_ids]
+        if self.config.unknown_idx is not None:
+            excluded.append(self.config.unknown_idx)
+        logits[..., excluded] = float("-inf")
         if temperature <= 0:
             ids = logits.argmax(dim=-1)
         else:
