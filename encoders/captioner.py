@@ -1,0 +1,129 @@
+"""Image-to-text captioners.
+
+``HFCaptioner`` wraps any Hugging Face image-to-text model that ``AutoModelForImageTextToText``
+loads and that captions from pixels alone: BLIP (``BlipForConditionalGeneration``) and
+``VisionEncoderDecoderModel`` checkpoints such as ViT + GPT-2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+from huggingface_hub import constants as hub_constants
+from huggingface_hub import try_to_load_from_cache
+from transformers import (
+    AutoImageProcessor,
+    AutoModelForImageTextToText,
+    AutoTokenizer,
+    BaseImageProcessor,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+DEFAULT_CAPTIONER = "Salesforce/blip-image-captioning-base"
+
+
+class Captioner(Protocol):
+    name: str
+
+    def __call__(self, images: list[np.ndarray]) -> list[str]:
+        """Images (H, W, 3) uint8 RGB -> one caption per image, in order."""
+        ...
+
+
+class ModelLoadError(OSError):
+    """A model id or folder could not be loaded; the message names it and says why."""
+
+
+def explain_load_failure(source: str | Path, index_file: str, error: Exception) -> str:
+    """Say why ``source`` failed to load: a folder that lacks files, a missing folder, or a hub id
+    that is not cached.  ``index_file`` is the file a loadable folder must have (e.g. config.json)."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        contents = ", ".join(sorted(p.name for p in path.iterdir())) or "nothing"
+        lacks = f"it has no {index_file}; " if not (path / index_file).exists() else ""
+        return f"Cannot load a model from folder {path}: {lacks}it contains: {contents}. Cause: {error}"
+    if path.is_file():
+        return f"Expected a model folder (with {index_file}) or a hub id, got a file: {path}"
+    if str(source).startswith(("/", ".", "~")) or str(source).count("/") > 1:
+        return f"Model folder not found: {path}"
+    try:
+        cached = isinstance(try_to_load_from_cache(str(source), index_file), str)
+    except ValueError:  # not a valid repo id either
+        return f"{source!r} is neither an existing folder nor a valid Hugging Face Hub id"
+    if cached:
+        return f"Hub model {source!r} is in the local cache but failed to load: {error}"
+    return (
+        f"{source!r} is not a local folder, so it was treated as a Hugging Face Hub id, but it is not in the "
+        f"local cache ({hub_constants.HF_HUB_CACHE}) and could not be downloaded. Download it where "
+        f"the hub is reachable (`hf download {source}`) and copy the cache, or pass a local folder (without network, "
+        f"HF_HUB_OFFLINE=1 skips the download retries). Cause: {error}"
+    )
+
+
+def default_device(device: str | torch.device | None) -> torch.device:
+    """``device`` if given, else CUDA when available, else CPU."""
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+class HFCaptioner:
+    """Batched greedy captioning with a Hugging Face image-to-text model.
+
+    The image processor and tokenizer are loaded separately (``AutoImageProcessor`` +
+    ``AutoTokenizer``) because ``AutoProcessor`` on a VisionEncoderDecoder folder returns only the
+    tokenizer.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        image_processor: BaseImageProcessor,
+        tokenizer: PreTrainedTokenizerBase,
+        name: str,
+        batch_size: int = 8,
+        max_new_tokens: int = 30,
+    ):
+        self.model = model
+        self.image_processor = image_processor
+        self.tokenizer = tokenizer
+        self.name = name
+        self.batch_size = batch_size
+        self.max_new_tokens = max_new_tokens
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_id_or_path: str | Path = DEFAULT_CAPTIONER,
+        device: str | torch.device | None = None,
+        batch_size: int = 8,
+        max_new_tokens: int = 30,
+    ) -> HFCaptioner:
+        """Load from a hub id or a ``save_pretrained`` folder; fp16 on CUDA, fp32 elsewhere.
+
+        Raises ``ModelLoadError`` saying whether the folder lacks files or the hub id is not cached.
+        """
+        device = default_device(device)
+        dtype = torch.float16 if device.type == "cuda" else torch.float32
+        try:
+            image_processor = AutoImageProcessor.from_pretrained(model_id_or_path)
+            tokenizer = AutoTokenizer.from_pretrained(model_id_or_path)
+            model = AutoModelForImageTextToText.from_pretrained(model_id_or_path, dtype=dtype)
+        except (OSError, ValueError) as error:
+            raise ModelLoadError(explain_load_failure(model_id_or_path, "config.json", error)) from error
+        model.to(device).eval()
+        return cls(model, image_processor, tokenizer, str(model_id_or_path), batch_size, max_new_tokens)
+
+    @torch.inference_mode()
+    def __call__(self, images: list[np.ndarray]) -> list[str]:
+        """Images (H, W, 3) uint8 RGB, any sizes -> one stripped caption per image, in order."""
+        captions = []
+        for start in range(0, len(images), self.batch_size):
+            batch = images[start : start + self.batch_size]
+            inputs = self.image_processor(images=batch, input_data_format="channels_last", return_tensors="pt")
+            pixels = inputs["pixel_values"].to(self.model.device, self.model.dtype)
+            ids = self.model.generate(pixel_values=pixels, max_new_tokens=self.max_new_tokens, do_sample=False)
+            captions += [text.strip() for text in self.tokenizer.batch_decode(ids, skip_special_tokens=True)]
+        return captions

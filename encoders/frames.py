@@ -1,0 +1,226 @@
+"""Sample RGB frames from a video file.
+
+Decoding goes through OpenCV's FFmpeg backend.  Only the sampled frames are converted and
+kept: the reader skips ahead with ``grab()`` (decode without colour conversion) for short gaps
+and seeks with ``CAP_PROP_POS_FRAMES`` for long ones, and every kept frame is shrunk to
+``max_side`` right away, so memory stays bounded even for long 4K clips.
+
+Rotation metadata (phones store portrait video as landscape frames plus a display matrix) is
+applied by OpenCV's auto-rotation (``CAP_PROP_ORIENTATION_AUTO``, set explicitly), so frames
+come out as a player shows them; ``VideoInfo.rotation`` reports the angle that was applied.
+
+Errors: unusable input raises ``VideoError`` with the reason (missing, empty, not a video, no
+video stream, no decodable frame).  A stream that breaks part-way (truncated download, corrupt
+data) is not an error: the sampled frames decoded before the break are returned, minus the frame
+right before it (its data may be cut short and patched by the decoder with older pixels), and
+``SampledClip.warnings`` says what happened.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cv2
+import imageio_ffmpeg
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+# Gaps longer than this are seeked over rather than decoded through with grab(). A seek restarts
+# decoding at the previous keyframe, so it only pays off for gaps longer than a typical GOP.
+SEEK_GAP_SECONDS = 5.0
+
+
+class VideoError(ValueError):
+    """The file cannot be used as a video; the message says why."""
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """Stream properties; ``width``/``height`` are as displayed, i.e. after ``rotation``."""
+
+    fps: float
+    frame_count: int
+    duration: float  # seconds, frame_count / fps
+    width: int
+    height: int
+    rotation: int  # degrees clockwise applied to the stored frames: 0, 90, 180 or 270
+
+
+@dataclass
+class SampledFrame:
+    image: np.ndarray  # (H, W, 3) uint8 RGB, rotated upright, longer side <= max_side
+    timestamp: float  # seconds from the start of the stream, index / fps
+    index: int  # frame index in the stream
+
+
+@dataclass
+class SampledClip(Sequence[SampledFrame]):
+    """Frames sampled from one video in stream order; behaves like ``list[SampledFrame]``.
+
+    ``warnings`` lists anything the caller should know: frames thinned to ``max_frames``, or a
+    stream that stopped decoding before the last planned frame (truncated or corrupt file).
+    """
+
+    frames: list[SampledFrame]
+    info: VideoInfo
+    warnings: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.frames)
+
+    def __getitem__(self, i: int | slice) -> SampledFrame | list[SampledFrame]:
+        return self.frames[i]
+
+
+def probe_video(path: str | Path) -> VideoInfo:
+    """Read a video's properties without decoding its frames (except to count them when the
+    container does not say, e.g. a raw H.264 stream).  Raises ``VideoError``."""
+    capture, info = _open(Path(path))
+    capture.release()
+    return info
+
+
+def sample_frames(
+    path: str | Path,
+    interval: float = 1.0,
+    num_frames: int | None = None,
+    max_frames: int = 64,
+    max_side: int = 512,
+) -> SampledClip:
+    """Sample frames from ``path``.
+
+    By default one frame every ``interval`` seconds starting at 0 (the frame nearest each time;
+    ``timestamp`` is that frame's own time).  With ``num_frames``, that many frames evenly spaced
+    from the first to the last frame (fewer if the clip is shorter).  If more than ``max_frames``
+    would be taken, the plan is thinned evenly to ``max_frames`` (first and last kept) and a
+    warning is recorded.  Frames are RGB, upright, and resized (aspect kept, never enlarged) so the
+    longer side is at most ``max_side``.
+
+    Raises ``VideoError`` if the file is unusable or no frame decodes at all.
+    """
+    if interval <= 0 or max_frames < 1 or max_side < 1 or (num_frames is not None and num_frames < 1):
+        raise ValueError("interval, num_frames, max_frames and max_side must be positive")
+    path = Path(path)
+    capture, info = _open(path)
+    try:
+        plan = _plan(info, interval, num_frames)
+        warnings = []
+        if len(plan) > max_frames:
+            warnings.append(f"{len(plan)} frames planned; evenly thinned to max_frames={max_frames}")
+            plan = [plan[k] for k in np.linspace(0, len(plan) - 1, max_frames).round().astype(int)]
+        frames = []
+        position = 0  # index of the frame the next grab() decodes
+        seek_gap = round(SEEK_GAP_SECONDS * info.fps)
+        for index in plan:
+            if index - position > seek_gap:
+                capture.set(cv2.CAP_PROP_POS_FRAMES, index)
+                position = index
+            while position <= index and capture.grab():
+                position += 1
+            ok, bgr = capture.retrieve() if position > index else (False, None)
+            if not ok:
+                break
+            frames.append(SampledFrame(_to_rgb(bgr, max_side), index / info.fps, index))
+    finally:
+        capture.release()
+    if len(frames) < len(plan) and frames and frames[-1].index == position - 1:
+        frames.pop()  # the frame just before a break may be cut short and concealed with older pixels
+    if not frames:
+        raise VideoError(f"No frame of {path} could be decoded (it claims {info.frame_count} frames)")
+    if len(frames) < len(plan):
+        warnings.append(
+            f"{path.name}: decoding stopped at frame {position} ({position / info.fps:.2f}s) of "
+            f"{info.frame_count} ({info.duration:.2f}s); returning {len(frames)} of {len(plan)} planned "
+            "frames. The file is probably truncated or corrupt."
+        )
+    for message in warnings:
+        logger.warning(message)
+    return SampledClip(frames, info, warnings)
+
+
+def _plan(info: VideoInfo, interval: float, num_frames: int | None) -> list[int]:
+    """Sorted, distinct frame indices to sample."""
+    last = info.frame_count - 1
+    if num_frames is not None:
+        points = np.linspace(0, last, num_frames)
+    else:
+        step = interval * info.fps
+        points = np.arange(int(last / step + 1e-9) + 1) * step
+    return np.unique(np.round(points).astype(int)).tolist()
+
+
+def _to_rgb(bgr: np.ndarray, max_side: int) -> np.ndarray:
+    """(H, W, 3) uint8 BGR -> (h, w, 3) uint8 RGB with max(h, w) <= max_side."""
+    height, width = bgr.shape[:2]
+    scale = max_side / max(height, width)
+    if scale < 1:
+        size = (max(1, round(width * scale)), max(1, round(height * scale)))
+        bgr = cv2.resize(bgr, size, interpolation=cv2.INTER_AREA)
+    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+
+
+def _open(path: Path) -> tuple[cv2.VideoCapture, VideoInfo]:
+    """Open ``path`` for decoding with auto-rotation on, or raise ``VideoError`` saying why not."""
+    if not path.exists():
+        raise VideoError(f"Video file not found: {path}")
+    if path.is_dir():
+        raise VideoError(f"Expected a video file, got a directory: {path}")
+    if path.stat().st_size == 0:
+        raise VideoError(f"Video file is empty (0 bytes): {path}")
+    capture = _capture(path)
+    if not capture.isOpened():
+        raise VideoError(f"Cannot read {path} as a video: {_diagnose(path)}")
+    fps = capture.get(cv2.CAP_PROP_FPS)
+    if not fps > 0:
+        capture.release()
+        raise VideoError(f"{path} does not report a frame rate")
+    frame_count = int(capture.get(cv2.CAP_PROP_FRAME_COUNT))
+    if frame_count <= 0:  # container without a frame count (raw stream): count by decoding
+        frame_count = _count_frames(capture)
+        capture.release()
+        capture = _capture(path)
+    info = VideoInfo(
+        fps=fps,
+        frame_count=frame_count,
+        duration=frame_count / fps,
+        width=int(capture.get(cv2.CAP_PROP_FRAME_WIDTH)),
+        height=int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT)),
+        rotation=round(capture.get(cv2.CAP_PROP_ORIENTATION_META)) % 360,
+    )
+    return capture, info
+
+
+def _capture(path: Path) -> cv2.VideoCapture:
+    capture = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)
+    capture.set(cv2.CAP_PROP_ORIENTATION_AUTO, 1)
+    return capture
+
+
+def _count_frames(capture: cv2.VideoCapture) -> int:
+    count = 0
+    while capture.grab():
+        count += 1
+    return count
+
+
+def _diagnose(path: Path) -> str:
+    """Explain, from ``ffmpeg -i``'s report, why OpenCV could not open ``path``."""
+    command = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-i", str(path)]
+    report = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=60).stderr
+    streams = {kind.lower() for kind in re.findall(r"Stream #\d+:\d+\S*: (\w+):", report)}
+    if "video" in streams:
+        return "it has a video stream, but OpenCV's FFmpeg backend cannot decode it"
+    if streams:
+        return f"it has no video stream (only {', '.join(sorted(streams))})"
+    found = re.search(r"Error opening input: (.+)", report)
+    reason = found.group(1).strip() if found else "ffmpeg cannot open it"
+    with path.open("rb") as file:
+        if file.read(12)[4:8] == b"ftyp":
+            return f"it is an MP4 whose header or index cannot be read ({reason}): it is probably truncated or corrupt"
+    return f"it is not a video file ({reason})"

@@ -1,0 +1,175 @@
+"""Text-to-image renderers.
+
+``DiffusersRenderer`` renders one image per prompt with a diffusers pipeline: any checkpoint that
+``AutoPipelineForText2Image`` knows (Stable Diffusion, SD-Turbo, SDXL, ...), and otherwise any
+``DiffusionPipeline`` folder, including custom pipeline classes saved with ``save_pretrained``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from pathlib import Path
+from typing import Protocol
+
+import diffusers
+import numpy as np
+import torch
+from diffusers import AutoPipelineForImage2Image, AutoPipelineForText2Image, DiffusionPipeline
+from PIL import Image
+
+from encoders.captioner import ModelLoadError, default_device, explain_load_failure
+
+DEFAULT_RENDERER = "stabilityai/sd-turbo"
+
+# Sampling settings from the model cards, where the pipeline's own defaults do not suit the model.
+KNOWN_DEFAULTS: dict[str, dict] = {
+    "stabilityai/sd-turbo": {"num_inference_steps": 1, "guidance_scale": 0.0},
+    "stabilityai/sdxl-turbo": {"num_inference_steps": 1, "guidance_scale": 0.0, "height": 512, "width": 512},
+}
+
+
+class Renderer(Protocol):
+    name: str
+
+    def __call__(
+        self, prompts: list[str], seed: int = 0, init_images: list[np.ndarray] | None = None
+    ) -> list[np.ndarray]:
+        """One (H, W, 3) uint8 RGB image per prompt, in order; ``init_images[i]`` (H', W', 3) uint8
+        RGB, when given, is the starting point for prompt ``i``."""
+        ...
+
+
+class DiffusersRenderer:
+    """Render prompts one at a time, each with its own ``torch.Generator`` seeded with ``seed``.
+
+    Every prompt starts from the same seed, so an image depends only on (prompt, seed, init image)
+    and not on its position in the list; on CPU the result is bit-for-bit reproducible.  The
+    pipeline's progress bar is disabled; callers show their own progress.
+    """
+
+    def __init__(self, pipeline: DiffusionPipeline, name: str, settings: dict, strength: float = 0.6):
+        if not 0 < strength <= 1:
+            raise ValueError(f"strength must be in (0, 1], got {strength}")
+        self.pipeline = pipeline
+        self.name = name
+        self.settings = settings  # keyword arguments for every pipeline call
+        self.strength = strength
+        self._image_to_image: DiffusionPipeline | None = None
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_id_or_path: str | Path = DEFAULT_RENDERER,
+        device: str | torch.device | None = None,
+        num_inference_steps: int | None = None,
+        guidance_scale: float | None = None,
+        height: int | None = None,
+        width: int | None = None,
+        strength: float = 0.6,
+        pipeline_class: type[DiffusionPipeline] | None = None,
+        trust_remote_code: bool = False,
+    ) -> DiffusersRenderer:
+        """Load a pipeline from a hub id or a ``save_pretrained`` folder; fp16 on CUDA, fp32 elsewhere.
+
+        Settings left ``None`` come from ``KNOWN_DEFAULTS`` for known hub ids, else from the
+        pipeline's own defaults.  ``strength`` is how far image-to-image moves from the init image.
+        A folder whose pipeline class diffusers does not provide loads with ``pipeline_class`` (the
+        class itself), or, when its code ships in the folder (``model_index.json`` ``_class_name``
+        ``["pipeline", "ClassName"]`` next to ``pipeline.py``), with ``trust_remote_code=True``.
+
+        Raises ``ModelLoadError`` saying whether the folder lacks files or the hub id is not cached.
+        """
+        device = default_device(device)
+        dtype = torch.float16 if device.type == "cuda" else torch.float32
+        try:
+            pipeline = _load_pipeline(model_id_or_path, dtype, pipeline_class, trust_remote_code)
+        except (OSError, ValueError) as error:
+            raise ModelLoadError(explain_load_failure(model_id_or_path, "model_index.json", error)) from error
+        pipeline.to(device)
+        pipeline.set_progress_bar_config(disable=True)
+        given = dict(num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, height=height, width=width)
+        settings = KNOWN_DEFAULTS.get(str(model_id_or_path), {}) | {k: v for k, v in given.items() if v is not None}
+        return cls(pipeline, str(model_id_or_path), settings, strength)
+
+    def __call__(
+        self, prompts: list[str], seed: int = 0, init_images: list[np.ndarray] | None = None
+    ) -> list[np.ndarray]:
+        """Prompts -> one (H, W, 3) uint8 RGB image each.
+
+        With ``init_images`` (one (H', W', 3) uint8 RGB image per prompt) the image-to-image
+        pipeline built from the same components starts from them; they are resized to the
+        configured ``height``/``width`` if set, otherwise the output keeps their size (rounded
+        down to what the model accepts).
+        """
+        if init_images is not None and len(init_images) != len(prompts):
+            raise ValueError(f"{len(init_images)} init images for {len(prompts)} prompts")
+        images = []
+        for i, prompt in enumerate(prompts):
+            generator = torch.Generator("cpu").manual_seed(seed)  # CPU noise: same images on any device
+            if init_images is None:
+                output = _call(self.pipeline, prompt=prompt, generator=generator, output_type="np", **self.settings)
+            else:
+                output = self._render_from(init_images[i], prompt, generator)
+            images.append(_to_uint8(output.images[0]))
+        return images
+
+    def _render_from(self, init_image: np.ndarray, prompt: str, generator: torch.Generator):
+        image = Image.fromarray(init_image)
+        if "height" in self.settings and "width" in self.settings:
+            image = image.resize((self.settings["width"], self.settings["height"]), Image.Resampling.LANCZOS)
+        settings = dict(self.settings)
+        if "num_inference_steps" in settings:
+            # img2img runs int(steps * strength) steps; keep at least one (1-step SD-Turbo would run none).
+            settings["num_inference_steps"] = max(settings["num_inference_steps"], math.ceil(1 / self.strength))
+        return _call(self.image_to_image(), prompt=prompt, image=image, strength=self.strength,
+                     generator=generator, output_type="np", **settings)
+
+    def image_to_image(self) -> DiffusionPipeline:
+        """The image-to-image pipeline sharing this pipeline's components (built on first use)."""
+        if self._image_to_image is None:
+            try:
+                self._image_to_image = AutoPipelineForImage2Image.from_pipe(self.pipeline)
+            except ValueError as error:
+                raise ValueError(f"{type(self.pipeline).__name__} has no image-to-image counterpart") from error
+            self._image_to_image.set_progress_bar_config(disable=True)
+        return self._image_to_image
+
+
+def _load_pipeline(
+    source: str | Path, dtype: torch.dtype, pipeline_class: type[DiffusionPipeline] | None, trust_remote_code: bool
+) -> DiffusionPipeline:
+    if pipeline_class is not None:
+        return pipeline_class.from_pretrained(source, dtype=dtype)
+    try:
+        return AutoPipelineForText2Image.from_pretrained(source, dtype=dtype)
+    except ValueError as error:
+        if "AutoPipeline can't find" not in str(error):  # raised for classes AutoPipeline does not map
+            raise
+    class_name = DiffusionPipeline.load_config(source)["_class_name"]
+    if isinstance(class_name, str) and not hasattr(diffusers, class_name):
+        raise ValueError(
+            f"model_index.json names the pipeline class {class_name!r}, which diffusers does not provide: pass "
+            f"pipeline_class={class_name}, or ship its code in the folder as pipeline.py with _class_name "
+            f'["pipeline", "{class_name}"] and pass trust_remote_code=True'
+        )
+    return DiffusionPipeline.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code)
+
+
+def _call(pipeline: DiffusionPipeline, **kwargs):
+    """Call ``pipeline`` with the keyword arguments its ``__call__`` accepts (custom pipelines may
+    lack e.g. ``guidance_scale``)."""
+    parameters = inspect.signature(pipeline.__call__).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in parameters}
+    return pipeline(**kwargs)
+
+
+def _to_uint8(image) -> np.ndarray:
+    """A PIL image or an (H, W, 3) array (uint8, or float in [0, 1]) -> (H, W, 3) uint8 RGB."""
+    if isinstance(image, Image.Image):
+        return np.asarray(image.convert("RGB"))
+    array = np.asarray(image)
+    if array.dtype == np.uint8:
+        return array
+    return (np.clip(array, 0.0, 1.0) * 255).round().astype(np.uint8)

@@ -1,0 +1,281 @@
+"""Offline test fixtures: a synthetic video clip and tiny random-weight models.
+
+Every model here uses the real architecture class with a tiny config and a
+tokenizer built from vocabulary files written on the spot, is saved with
+``save_pretrained`` and is meant to be loaded back through the production
+``from_pretrained`` code.  Nothing is downloaded; each builds in about a second
+on CPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import cv2
+import imageio_ffmpeg
+import numpy as np
+import torch
+from tokenizers.pre_tokenizers import ByteLevel
+
+SQUARE_SIZE = 16
+SQUARE_TOP = 8
+SQUARE_RGB = (255, 0, 0)
+BACKGROUND = 40
+# Larger than the usual 0.02 so that tiny random captioners react to the image at all.
+_INIT_RANGE = 0.2
+WORDS = "a the red square on dark background moves left right person dog car street walks runs is in of and".split()
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Run torch single-threaded: tiny models gain nothing from threads, and on a shared CPU the
+    extra threads spin-wait for busy cores (10x slower here)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def square_left(index: int, frame_count: int, width: int) -> int:
+    """Left edge (x, pixels) of the square in stored frame ``index`` of a clip from ``write_test_clip``."""
+    return round(index * (width - SQUARE_SIZE) / max(frame_count - 1, 1))
+
+
+def write_test_clip(
+    path: str | Path,
+    seconds: float = 3.0,
+    fps: float = 10,
+    size: tuple[int, int] = (160, 96),
+    rotation: int | None = None,
+    faststart: bool = False,
+) -> Path:
+    """Write an MPEG-4 clip of a red square sliding left to right over a dark grey background.
+
+    ``size`` is (width, height) of the stored frames.  Frame ``i`` of ``n = round(seconds * fps)``
+    shows a ``SQUARE_SIZE`` square of colour ``SQUARE_RGB`` with its top at ``SQUARE_TOP`` and its
+    left edge at ``square_left(i, n, width)``, so the frame index can be read back from the pixels.
+
+    ``rotation`` (degrees clockwise, 90/180/270) stores display-rotation metadata, as phones do:
+    a player shows the stored frames turned clockwise by that angle.  ``faststart`` moves the MP4
+    index (moov atom) to the front, as streaming encoders do, so a truncated copy still opens.
+    """
+    path = Path(path)
+    width, height = size
+    count = max(1, round(seconds * fps))
+    raw = path.with_name(path.stem + ".raw.mp4") if rotation or faststart else path
+    writer = cv2.VideoWriter(str(raw), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
+    if not writer.isOpened():
+        raise RuntimeError(f"OpenCV cannot write {raw}")
+    bgr = SQUARE_RGB[::-1]
+    for i in range(count):
+        frame = np.full((height, width, 3), BACKGROUND, np.uint8)
+        left = square_left(i, count, width)
+        frame[SQUARE_TOP : SQUARE_TOP + SQUARE_SIZE, left : left + SQUARE_SIZE] = bgr
+        writer.write(frame)
+    writer.release()
+    if raw != path:
+        input_args = ["-display_rotation:v:0", str(-rotation)] if rotation else []
+        output_args = ["-movflags", "+faststart"] if faststart else []
+        run_ffmpeg(*input_args, "-i", str(raw), "-c", "copy", *output_args, str(path))
+        raw.unlink()
+    return path
+
+
+def write_audio_only(path: str | Path, seconds: float = 1.0) -> Path:
+    """Write an AAC-in-MP4 file with a sine tone and no video stream."""
+    run_ffmpeg("-f", "lavfi", "-i", f"sine=duration={seconds}", "-c:a", "aac", str(path))
+    return Path(path)
+
+
+def run_ffmpeg(*args: str) -> None:
+    cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-y", "-hide_banner", "-loglevel", "error", *args]
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+def _byte_level_vocab(end_of_word: str = "") -> tuple[dict[str, int], list[str]]:
+    """A byte-level BPE vocabulary over all 256 bytes (each also with ``end_of_word`` when given) and a few merges."""
+    symbols = sorted(ByteLevel.alphabet())
+    if end_of_word:
+        symbols += [s + end_of_word for s in symbols]
+    if end_of_word:
+        merges = ["t h", "th e" + end_of_word, "r e", "re d" + end_of_word]
+    else:
+        merges = ["Ġ t", "Ġt h", "Ġth e", "r e"]
+    for merge in merges:
+        symbols.append(merge.replace(" ", ""))
+    return {s: i for i, s in enumerate(symbols)}, merges
+
+
+def _write_bpe_files(folder: Path, vocab: dict[str, int], merges: list[str]) -> tuple[str, str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab_file, merges_file = folder / "vocab.json", folder / "merges.txt"
+    vocab_file.write_text(json.dumps(vocab))
+    merges_file.write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    return str(vocab_file), str(merges_file)
+
+
+def make_tiny_blip(folder: str | Path) -> Path:
+    """Save a random tiny ``BlipForConditionalGeneration`` (32x32 input) with its ``BlipProcessor``."""
+    from transformers import BertTokenizer, BlipConfig, BlipForConditionalGeneration, BlipImageProcessor, BlipProcessor
+
+    folder = Path(folder)
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab_file = Path(tmp) / "vocab.txt"
+        vocab_file.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[DEC]", *WORDS]) + "\n")
+        # transformers 5: the vocabulary path goes in `vocab`; a `vocab_file=` keyword is silently ignored.
+        tokenizer = BertTokenizer(vocab=str(vocab_file), bos_token="[DEC]")
+    processor = BlipProcessor(image_processor=BlipImageProcessor(size={"height": 32, "width": 32}), tokenizer=tokenizer)
+    config = BlipConfig(
+        vision_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+                           image_size=32, patch_size=8, initializer_range=_INIT_RANGE),
+        text_config=dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                         num_attention_heads=4, max_position_embeddings=64, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.sep_token_id, sep_token_id=tokenizer.sep_token_id,
+                         pad_token_id=tokenizer.pad_token_id, initializer_range=_INIT_RANGE),
+        projection_dim=32,
+    )
+    torch.manual_seed(0)
+    BlipForConditionalGeneration(config).save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
+def make_tiny_vit_gpt2(folder: str | Path) -> Path:
+    """Save a random tiny ViT + GPT-2 ``VisionEncoderDecoderModel`` (32x32 input) with its
+    ``ViTImageProcessor`` and a byte-level BPE ``GPT2Tokenizer``."""
+    from transformers import GPT2Config, GPT2Tokenizer, ViTConfig, ViTImageProcessor
+    from transformers import VisionEncoderDecoderConfig, VisionEncoderDecoderModel
+
+    folder = Path(folder)
+    vocab, merges = _byte_level_vocab()
+    vocab["<|endoftext|>"] = len(vocab)
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = GPT2Tokenizer(*_write_bpe_files(Path(tmp), vocab, merges))
+    end = tokenizer.eos_token_id
+    encoder = ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                        image_size=32, patch_size=8, initializer_range=_INIT_RANGE)
+    decoder = GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                         bos_token_id=end, eos_token_id=end, initializer_range=_INIT_RANGE)
+    config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
+    config.decoder_start_token_id = config.pad_token_id = config.eos_token_id = end
+    torch.manual_seed(0)
+    model = VisionEncoderDecoderModel(config)
+    generation = model.generation_config
+    generation.decoder_start_token_id = generation.pad_token_id = generation.eos_token_id = end
+    generation.min_new_tokens = 3  # a random decoder may emit end-of-text first; keep captions non-empty
+    model.save_pretrained(folder)
+    ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def make_tiny_sd(folder: str | Path) -> Path:
+    """Save a random tiny ``StableDiffusionPipeline`` rendering 32x32 images by default.
+
+    UNet (8/16 channels, one cross-attention block, 16x16 latents), 2-level VAE (scale factor 2),
+    2-layer CLIP text encoder with a byte-level BPE ``CLIPTokenizer`` of 16 tokens, Euler ancestral
+    scheduler, no safety checker.
+    """
+    from diffusers import AutoencoderKL, EulerAncestralDiscreteScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+    folder = Path(folder)
+    vocab, merges = _byte_level_vocab(end_of_word="</w>")
+    vocab.update({"<|startoftext|>": len(vocab), "<|endoftext|>": len(vocab) + 1})
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = CLIPTokenizer(*_write_bpe_files(Path(tmp), vocab, merges), model_max_length=16)
+    torch.manual_seed(0)
+    text_encoder = CLIPTextModel(CLIPTextConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=16, projection_dim=32, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
+    unet = UNet2DConditionModel(
+        sample_size=16, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(8, 16),
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=32, attention_head_dim=4, norm_num_groups=4)
+    vae = AutoencoderKL(
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16), norm_num_groups=4,
+        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2, sample_size=32)
+    scheduler = EulerAncestralDiscreteScheduler(
+        beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", steps_offset=1, timestep_spacing="trailing")
+    pipeline = StableDiffusionPipeline(
+        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet, scheduler=scheduler,
+        safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    pipeline.save_pretrained(folder)
+    return folder
+
+
+PIXEL_PIPELINE_CODE = '''\
+import zlib
+
+import torch
+from diffusers import DiffusionPipeline, ImagePipelineOutput
+
+
+class TinyPixelPipeline(DiffusionPipeline):
+    """Pixel-space DDPM sampler conditioned on a class label hashed from the prompt."""
+
+    def __init__(self, unet, scheduler):
+        super().__init__()
+        self.register_modules(unet=unet, scheduler=scheduler)
+
+    @torch.no_grad()
+    def __call__(self, prompt, generator=None, num_inference_steps=2, output_type="np"):
+        size = self.unet.config.sample_size
+        label = torch.tensor([zlib.crc32(prompt.encode()) % self.unet.config.num_class_embeds], device=self.device)
+        image = torch.randn((1, 3, size, size), generator=generator).to(self.device, self.unet.dtype)
+        self.scheduler.set_timesteps(num_inference_steps)
+        for t in self.progress_bar(self.scheduler.timesteps):
+            noise = self.unet(image, t, class_labels=label).sample
+            image = self.scheduler.step(noise, t, image, generator=generator).prev_sample
+        image = (image / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).float().cpu().numpy()
+        return ImagePipelineOutput(images=image)
+'''
+
+
+def tiny_pixel_pipeline_class() -> type:
+    """``TinyPixelPipeline``, a custom ``DiffusionPipeline`` subclass imported from ``PIXEL_PIPELINE_CODE``."""
+    global _PIXEL_PIPELINE_CLASS
+    if _PIXEL_PIPELINE_CLASS is None:
+        file = Path(tempfile.mkdtemp()) / "tiny_pixel_pipeline.py"
+        file.write_text(PIXEL_PIPELINE_CODE)
+        spec = importlib.util.spec_from_file_location("tiny_pixel_pipeline", file)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _PIXEL_PIPELINE_CLASS = module.TinyPixelPipeline
+    return _PIXEL_PIPELINE_CLASS
+
+
+_PIXEL_PIPELINE_CLASS = None
+
+
+def make_tiny_pixel_pipeline(folder: str | Path, ship_code: bool = True) -> Path:
+    """Save a ``TinyPixelPipeline`` (16x16 RGB, 2 DDPM steps) with ``save_pretrained``.
+
+    With ``ship_code`` the class's code goes in the folder as ``pipeline.py`` and ``model_index.json``
+    points at it (``"_class_name": ["pipeline", "TinyPixelPipeline"]``), the layout diffusers loads
+    with ``trust_remote_code=True``; without, the folder names a class diffusers does not know.
+    """
+    from diffusers import DDPMScheduler, UNet2DModel
+
+    folder = Path(folder)
+    torch.manual_seed(0)
+    unet = UNet2DModel(
+        sample_size=16, in_channels=3, out_channels=3, layers_per_block=1, block_out_channels=(8, 16),
+        down_block_types=("DownBlock2D",) * 2, up_block_types=("UpBlock2D",) * 2, norm_num_groups=4, num_class_embeds=8)
+    tiny_pixel_pipeline_class()(unet=unet, scheduler=DDPMScheduler(num_train_timesteps=100)).save_pretrained(folder)
+    if ship_code:
+        (folder / "pipeline.py").write_text(PIXEL_PIPELINE_CODE)
+        index_file = folder / "model_index.json"
+        index = json.loads(index_file.read_text())
+        index["_class_name"] = ["pipeline", "TinyPixelPipeline"]
+        index_file.write_text(json.dumps(index, indent=2))
+    return folder

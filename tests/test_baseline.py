@@ -1,0 +1,365 @@
+"""The flat autoregressive baseline of section 7: packing, causal stack, the free-running objective and
+its two reductions, the KV cache, generation, parameter counts at the paper settings, checkpoints."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from world_model.baseline import BaselineConfig, BaselineModel, aligned_correct
+from world_model.four_tensor import FourTensorConfig, FourTensorModel
+from world_model.vocab import Vocabulary
+
+V = 13  # content vocabulary, padding 0 and unknown 1 included
+BOS, EOS = V, V + 1
+N, T = 5, 3
+
+
+def make_model(seed=0, scale=None, **overrides) -> BaselineModel:
+    """A tiny eval-mode baseline; `scale` redraws every weight from N(0, scale^2) for livelier greedy runs."""
+    torch.manual_seed(seed)
+    settings = dict(content_vocab_size=V, d_x=4, d_t=3, n_heads=3, n_layers=2, n_tokens=N, n_states=T, dropout=0.0)
+    settings.update(overrides)
+    model = BaselineModel(BaselineConfig(**settings)).eval()
+    if scale is not None:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_(0.0, scale)
+    return model
+
+
+def make_full(B=3, seed=1, min_len=1) -> torch.Tensor:
+    """(B, T+1, N) content ids with a ragged padding tail per sentence."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, V, (B, T + 1, N), generator=g)
+    lengths = torch.randint(min_len, N + 1, (B, T + 1), generator=g)
+    ids[torch.arange(N)[None, None, :] >= lengths[..., None]] = 0
+    return ids
+
+
+def row_sequence(run, b: int, steps: int) -> list[int]:
+    """Row b's live prefix followed by its first `steps` appended tokens."""
+    live = run.packed.prefix[b, : int(run.packed.prefix_len[b])].tolist()
+    return live + run.tokens[b, :steps].tolist()
+
+
+# ----- packing -----
+def test_packing_removes_padding_adds_bos_eos_and_no_separators():
+    model = make_model()
+    assert (model.config.bos_id, model.config.eos_id, model.config.vocab_size) == (BOS, EOS, V + 2)
+    full = torch.tensor([
+        [[4, 0, 5, 0, 0], [0, 0, 0, 0, 0], [6, 7, 8, 9, 10], [11, 0, 0, 0, 0]],
+        [[2, 3, 0, 0, 0], [7, 0, 0, 0, 0], [8, 0, 0, 0, 0], [9, 10, 11, 12, 2]],
+    ])
+    packed = model.pack(full)
+    assert packed.prefix.tolist() == [[BOS, 4, 5, 6, 7, 8, 9, 10], [BOS, 2, 3, 7, 8, 0, 0, 0]]
+    assert packed.prefix_len.tolist() == [8, 5]
+    assert packed.gold.tolist() == [[11, EOS, 0, 0, 0, 0], [9, 10, 11, 12, 2, EOS]]
+    assert packed.gold_len.tolist() == [2, 6]
+    # An all-padding target is just [EOS]; an all-padding context is just [BOS].
+    empty = torch.zeros(1, T + 1, N, dtype=torch.long)
+    packed = model.pack(empty)
+    assert packed.prefix.tolist() == [[BOS]] and packed.gold.tolist() == [[EOS]]
+
+
+# ----- the causal stack -----
+def test_causal_mask_later_tokens_do_not_change_earlier_logits():
+    model = make_model()
+    ids = torch.randint(0, V + 2, (2, 9), generator=torch.Generator().manual_seed(3))
+    logits = model(ids)
+    assert logits.shape == (2, 9, V + 2)
+    changed = ids.clone()
+    changed[:, 6] = (changed[:, 6] + 1) % (V + 2)
+    other = model(changed)
+    torch.testing.assert_close(other[:, :6], logits[:, :6], rtol=0, atol=0)
+    assert not torch.allclose(other[:, 6:], logits[:, 6:])
+
+
+def test_forward_last_reads_the_last_live_position_of_right_padded_rows():
+    model = make_model()
+    ids = torch.randint(2, V, (3, 7), generator=torch.Generator().manual_seed(4))
+    lengths = torch.tensor([7, 2, 4])
+    ids[torch.arange(7)[None, :] >= lengths[:, None]] = 0
+    last = model.forward_last(ids, lengths)
+    full = model(ids)
+    torch.testing.assert_close(last, full[torch.arange(3), lengths - 1])
+    # Whatever sits in the padding tail is invisible to the live positions.
+    junk = ids.clone()
+    junk[torch.arange(7)[None, :] >= lengths[:, None]] = 9
+    torch.testing.assert_close(model.forward_last(junk, lengths), last, rtol=0, atol=0)
+
+
+def test_readout_is_tied_to_the_token_table():
+    model = make_model()
+    ids = torch.tensor([[BOS, 4, 5]])
+    H = model.encode(ids)
+    torch.testing.assert_close(model(ids), H @ model.E.weight.T)
+    assert not any("readout" in name or "head" in name for name, _ in model.named_parameters())
+
+
+# ----- the free-running objective -----
+def test_free_running_appends_the_argmax_not_the_gold_token():
+    model = make_model(scale=0.5)
+    full = make_full(B=1, seed=5, min_len=3)
+    first = int(model.free_run(full).tokens[0, 0])
+    gold0 = 2 if first != 2 else 3  # a gold first token the model does not pick
+    full[0, -1, 0] = gold0
+    run = model.free_run(full)
+    assert int(run.tokens[0, 0]) == first != gold0
+    assert torch.equal(run.tokens, run.logits.argmax(-1))
+    live = run.packed.prefix[:, : int(run.packed.prefix_len[0])]
+    own = model.forward_last(torch.cat([live, torch.tensor([[first]])], dim=1))
+    teacher = model.forward_last(torch.cat([live, torch.tensor([[gold0]])], dim=1))
+    torch.testing.assert_close(run.logits[:, 1], own)
+    assert not torch.allclose(run.logits[:, 1], teacher)
+
+
+def test_loss_and_gradient_equal_a_fixed_input_pass_over_the_models_own_tokens():
+    """Gradient reaches each step's logits through the network, never through the discrete token chosen."""
+    model = make_model(scale=0.5).double()
+    full = make_full(B=2, seed=6)
+    stats = model.training_step(full)
+    stats.loss.backward()
+    got = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    with torch.no_grad():
+        run = model.free_run(full)
+    ce, count = 0.0, 0
+    for b in range(2):
+        p_len, g_len = int(run.packed.prefix_len[b]), int(run.packed.gold_len[b])
+        seq = torch.tensor([row_sequence(run, b, g_len - 1)])  # prefix + own tokens, as plain input ids
+        logits = model(seq)[0, p_len - 1 : p_len - 1 + g_len]  # (g_len, V)
+        ce = ce + F.cross_entropy(logits, run.packed.gold[b, :g_len], reduction="sum")
+        count += g_len
+    reference = ce / count
+    torch.testing.assert_close(stats.loss, reference)
+    reference.backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(got[name], p.grad, msg=name)
+
+
+def test_inactive_rows_stop_contributing():
+    model = make_model(scale=0.5)
+    full = make_full(B=3, seed=7)
+    full[0, -1] = torch.tensor([3, 0, 0, 0, 0])  # short gold span: inactive after 2 steps
+    full[1, -1] = torch.tensor([4, 5, 6, 7, 8])  # the longest: 6 steps
+    batch = model.training_step(full)
+    singles = [model.training_step(full[b : b + 1]) for b in range(3)]
+    for field in ("window_ce_sum", "last_ce_sum"):
+        torch.testing.assert_close(getattr(batch, field), sum(getattr(s, field) for s in singles))
+    for field in ("window_tokens", "last_tokens", "last_correct"):
+        assert int(getattr(batch, field)) == sum(int(getattr(s, field)) for s in singles)
+    assert int(batch.window_tokens) == 2 + 6 + int((full[2, -1] != 0).sum()) + 1
+
+
+def test_selection_and_content_reductions_differ_by_the_eos_tokens():
+    model = make_model(scale=0.5)
+    full = make_full(B=4, seed=8)
+    full[3, -1] = 0  # an empty S(T): its only gold token is [EOS]
+    stats = model.training_step(full)
+    run = model.free_run(full)
+    assert int(stats.last_tokens) == int((full[:, -1] != 0).sum())  # the 4-tensor last-slice denominator
+    assert int(stats.window_tokens) - int(stats.last_tokens) == 4  # one [EOS] per row
+    rows = torch.arange(4)
+    eos_ce = F.cross_entropy(run.logits[rows, run.packed.gold_len - 1], torch.full((4,), EOS), reduction="sum")
+    torch.testing.assert_close(stats.window_ce_sum - stats.last_ce_sum, eos_ce)
+    torch.testing.assert_close(stats.loss, stats.window_ce_sum / stats.window_tokens)
+    assert stats.loss.requires_grad and not stats.window_ce_sum.requires_grad
+
+
+def test_aligned_accuracy_counts_nothing_after_an_early_eos():
+    tokens = torch.tensor([[4, 5, EOS, 7, 8, 9], [4, 6, 6, 7, 2, 2]])
+    gold = torch.tensor([[4, 5, 6, 7, 8, EOS], [4, 5, 6, EOS, 0, 0]])
+    content = torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 0, 0, 0]], dtype=torch.bool)
+    got = aligned_correct(tokens, gold, content, EOS)
+    assert got.long().tolist() == [[1, 1, 0, 0, 0, 0], [1, 0, 1, 0, 0, 0]]  # 7 and 8 follow the [EOS]
+
+
+def test_last_correct_is_the_accuracy_of_greedy_generation_with_early_eos():
+    """Gold S(T) is built from the model's own free run, so every slot before its first [EOS] matches and
+    the slots after it match too, but only in the free run: greedy decoding has stopped there."""
+    for seed in range(20):
+        model = make_model(seed=seed, scale=0.5)
+        full = make_full(B=8, seed=seed, min_len=N)  # full-length S(T): N + 1 free-running steps
+        tokens = model.free_run(full).tokens[:, :N]
+        is_eos = tokens == EOS
+        early = [b for b in range(8) if is_eos[b].any() and not is_eos[b, -1] and int(tokens[b, -1]) not in (0, BOS)]
+        if early:
+            break
+    assert early, "no seed gave an [EOS] followed by content; the test needs that case"
+    gold = tokens.clone()
+    gold[(gold == EOS) | (gold == BOS) | (gold == 0)] = 2  # content ids only; the model's own stream
+    full[:, -1] = gold
+    stats = model.training_step(full)
+    assert torch.equal(model.free_run(full).tokens[:, :N], tokens)  # the free run ignores gold
+    expected = 0
+    for b in range(8):
+        for k in range(N):
+            if EOS in tokens[b, :k].tolist():
+                break
+            expected += int(tokens[b, k]) == int(gold[b, k])
+    assert int(stats.last_correct) == expected
+    assert expected < int(((tokens == gold) & (gold != 0)).sum()), "the naive count would differ here"
+    generated = model.generate(full[:, :T])
+    assert int(((generated == gold) & (gold != 0)).sum()) == expected
+
+
+# ----- the KV cache -----
+def test_cached_and_uncached_free_running_agree():
+    model = make_model(scale=0.5, n_layers=3).double()
+    full = make_full(B=4, seed=9)
+    cached, plain = model.free_run(full, use_cache=True), model.free_run(full, use_cache=False)
+    assert torch.equal(cached.tokens, plain.tokens)
+    torch.testing.assert_close(cached.logits, plain.logits, rtol=1e-12, atol=1e-12)
+    a, b = model.training_step(full, use_cache=True), model.training_step(full, use_cache=False)
+    for field in a._fields:
+        torch.testing.assert_close(getattr(a, field), getattr(b, field), rtol=1e-12, atol=1e-12)
+    a.loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    b.loss.backward()
+    for g, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_cache_in_float32_training_mode_has_one_dropout_per_position_and_still_trains():
+    model = make_model(dropout=0.1).train()
+    stats = model.training_step(make_full(B=2, seed=10))
+    stats.loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_generate_equals_a_naive_uncached_greedy_loop():
+    model = make_model(seed=4, scale=0.5)
+    window = make_full(B=5, seed=4)[:, :T]
+    out = model.generate(window)
+    assert out.shape == (5, N)
+    prefix, lengths = model.pack_prefix(window)
+    for b in range(5):
+        seq, content = prefix[b, : int(lengths[b])].tolist(), []
+        while len(content) < N:
+            nxt = int(model(torch.tensor([seq]))[0, -1].argmax())
+            if nxt == EOS:
+                break
+            content.append(nxt)
+            seq.append(nxt)
+        assert out[b].tolist() == content + [0] * (N - len(content))
+    torch.testing.assert_close(model.generate(window, use_cache=False), out, rtol=0, atol=0)
+
+
+def test_generate_end_ids_and_banned_ids():
+    model = make_model(seed=0, scale=0.5)
+    window = make_full(B=4, seed=2)[:, :T]
+    free = model.generate(window)
+    end = int(free[0, 0])
+    cut = model.generate(window, end_ids=[end])
+    assert cut[0].tolist() == [end] + [0] * (N - 1)  # the end token is kept, nothing after it
+    banned = model.generate(window, banned_ids=[end])
+    assert not (banned == end).any()
+
+
+def test_rollout_slides_the_window_and_packs_it_again():
+    model = make_model(seed=4, scale=0.5)
+    window = make_full(B=2, seed=11)[:, :T]
+    out = model.rollout(window, steps=3)
+    assert out.shape == (2, 3, N)
+    current = window
+    for step in range(3):
+        state = model.generate(current, banned_ids=[0, BOS])
+        assert torch.equal(out[:, step], state)
+        current = torch.cat([current[:, 1:], state[:, None]], dim=1)
+    short = model.rollout(window[:, :1], steps=2)  # a window shorter than T grows first
+    assert torch.equal(short[:, 1], model.generate(torch.cat([window[:, :1], short[:, :1]], dim=1), banned_ids=[0, BOS]))
+
+
+# ----- parameter counts at the paper settings (section 8.2, meta device: nothing allocated) -----
+def count_on_meta(model_class, config):
+    with torch.device("meta"):
+        model = model_class(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("H, L, exact, reported", [(2, 2, 175_892_480, 175.9), (4, 2, 175_892_480, 175.9),
+                                                   (4, 3, 226_242_560, 226.2)])
+def test_baseline_parameter_count_matches_the_paper(H, L, exact, reported):
+    config = BaselineConfig(content_vocab_size=36711, d_x=64, d_t=32, n_heads=H, n_layers=L)
+    assert config.vocab_size == 36713 and config.d == 2048 and config.d_ff == 8192
+    n = count_on_meta(BaselineModel, config)
+    d = config.d
+    table3 = L * (4 * d * d + 2 * d * config.d_ff) + config.vocab_size * d  # QKV + W_O, MLP, token table
+    assert n == exact == table3 + L * (config.d_ff + d + 4 * d) + 2 * d  # + MLP biases, LayerNorms
+    assert round(n / 1e6, 1) == reported
+    learned = count_on_meta(BaselineModel, BaselineConfig(**{**config.__dict__, "positions": "learned"}))
+    assert learned - n == config.max_len * d == 82 * 2048  # why the paper's totals exclude a learned table
+
+
+@pytest.mark.parametrize("H, L, exact, reported", [(2, 2, 122_180_480, 122.2), (4, 2, 172_512_128, 172.5),
+                                                   (4, 3, 256_416_640, 256.4)])
+def test_four_tensor_parameter_count_matches_the_paper(H, L, exact, reported):
+    n = count_on_meta(FourTensorModel, FourTensorConfig(vocab_size=36711, d_x=64, d_t=32, n_heads=H, n_layers=L))
+    assert n == exact
+    assert round(n / 1e6, 1) == reported
+
+
+# ----- config, checkpoints, bad inputs -----
+def test_config_round_trip_and_registry_hook():
+    config = BaselineConfig(content_vocab_size=40, d_x=8, d_t=4, n_heads=2, positions="learned")
+    data = config.to_dict()
+    assert data["model_type"] == "baseline" and data["content_vocab_size"] == 40
+    assert BaselineConfig.from_dict(data) == config
+    assert config.max_len == 1 + 4 * 16 + 16 + 1
+    assert BaselineModel.vocab_size_for(Vocabulary(["<pad>", "<unk>", "a", "b"])) == 4
+    with pytest.raises(ValueError, match="must divide"):
+        BaselineConfig(content_vocab_size=10, d_x=4, d_t=3, n_heads=5)
+    with pytest.raises(ValueError, match="padding_idx"):
+        BaselineConfig(content_vocab_size=10, padding_idx=10)
+    with pytest.raises(ValueError, match="positions"):
+        BaselineConfig(content_vocab_size=10, positions="rotary")
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
+def test_checkpoint_round_trip(tmp_path, positions):
+    model = make_model(scale=0.5, positions=positions)
+    full = make_full(seed=12)
+    model.save_pretrained(tmp_path / "ckpt", note="baseline")
+    saved = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    assert saved["model_type"] == "baseline" and saved["extra"] == {"note": "baseline"}
+    loaded = BaselineModel.from_pretrained(tmp_path / "ckpt")
+    assert loaded.config == model.config
+    for k, v in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v), k
+    a, b = model.training_step(full), loaded.training_step(full)
+    torch.testing.assert_close(a.loss, b.loss)
+    assert torch.equal(model.generate(full[:, :T]), loaded.generate(full[:, :T]))
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (torch.zeros(T + 1, N, dtype=torch.long), r"\(B, T\+1, N\).*window\[None\]"),
+        (torch.zeros(2, T, N, dtype=torch.long), r"T\+1 = 4 sentences"),
+        (torch.zeros(2, T + 1, N + 1, dtype=torch.long), r"shape \(B>=1, 4, 5\)"),
+        (torch.full((1, T + 1, N), BOS, dtype=torch.long), rf"id {BOS}, outside the content vocabulary"),
+        (torch.full((1, T + 1, N), -1, dtype=torch.long), r"id -1"),
+        (torch.zeros(1, T + 1, N), r"integer token ids"),
+    ],
+)
+def test_training_step_names_the_problem_with_bad_windows(bad, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        make_model().training_step(bad)
+
+
+def test_forward_generate_and_rollout_reject_bad_inputs():
+    model = make_model()
+    with pytest.raises(ValueError, match=r"ids must lie in \[0, 15\)"):
+        model(torch.tensor([[BOS, V + 2]]))
+    with pytest.raises(ValueError, match=r"shape \(B>=1, 1..22\)"):
+        model(torch.zeros(1, model.config.max_len + 1, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"lengths must lie in \[1, 3\]"):
+        model.forward_last(torch.tensor([[BOS, 4, 5]]), torch.tensor([0]))
+    with pytest.raises(ValueError, match="insert the batch axis"):
+        model.generate(torch.zeros(T, N, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"shape \(B>=1, 1..3, 5\)"):
+        model.generate(torch.zeros(1, T + 1, N, dtype=torch.long))
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        model.rollout(torch.zeros(1, T, N, dtype=torch.long), steps=0)

@@ -1,0 +1,507 @@
+"""The flat autoregressive baseline of section 7 of the 4-tensor paper (nanoGPT-style, one file).
+
+A decoder-only causal transformer reads the same stored window (B, T+1, N) as the 4-tensor model, but
+as one flattened token string: the sentences S(0..T-1) with their padding removed and no separators,
+behind a [BOS] token. It must then emit S(T) token by token, conditioning on its own argmax choices
+(free running), and end it with [EOS]. Gold S(T) is a target only; it never enters the input.
+
+Shapes and names used in the comments:
+    B batch, T sentences in the input window, N token slots per sentence, L sequence length,
+    V = content_vocab_size + 2 (the 4-tensor vocabulary, then [BOS] = V - 2 and [EOS] = V - 1),
+    d = d_x * d_t model width, H heads of width d / H, G steps of the longest gold span.
+
+Architecture (section 7.1, 7.3-7.4): token table E (V, d) plus a 1-D position code, n_layers Pre-LN
+blocks x <- x + drop(Attn(LN(x))); x <- x + drop(MLP(LN(x))) with causal multi-head self-attention
+(W_Q, W_K, W_V, W_O each d x d, no biases) and a GELU MLP d -> 4d -> d (with biases), one final LayerNorm,
+and the tied readout logits = h E^T (no bias, no extra parameters).
+
+Position code and parameter count. The paper only says "1-D positional encodings"; its totals pin the
+choice down. At d_x = 64, d_t = 32 (d = 2048) and |V| = 36,713 the Table 3 terms alone give 175.85M
+(H in {2, 4}, L = 2) and 226.18M (H = 4, L = 3) against the reported 175.9M and 226.2M, so everything
+else the model owns must stay below 0.1M at L = 2 and about 67k at L = 3. A learned table of
+max_len = 82 positions is 168k parameters (176.1M / 226.4M) and does not fit, nor do biases on all four
+attention maps on top of the MLP biases at L = 3 (226.3M). The default is therefore the same policy as
+the 4-tensor model: a parameter-free sinusoidal code (`positions="sinusoidal"`, the function of the
+4-tensor's Stage B), bias-free attention maps (the 4-tensor's W_Q, W_K, W_V have no bias either) and
+standard nn.Linear / nn.LayerNorm elsewhere, which totals 175,892,480 (175.9M) and 226,242,560
+(226.2M). `positions="learned"` swaps in a learned absolute table of max_len rows (+max_len * d).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Callable, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from world_model.checkpoint import PretrainedMixin
+from world_model.four_tensor import StepStats, sinusoidal_embedding
+
+INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8)
+
+
+@dataclass
+class BaselineConfig:
+    """Hyper-parameters of the flat baseline (defaults: the CPU-sized preset of the 4-tensor model)."""
+
+    content_vocab_size: int  # the 4-tensor vocabulary, padding and unknown word included
+    d_x: int = 16
+    d_t: int = 8
+    n_heads: int = 4  # split d: head width d / n_heads
+    n_layers: int = 2
+    n_tokens: int = 16  # N, token slots per stored sentence
+    n_states: int = 4  # T, sentences in the input window
+    dropout: float = 0.1
+    padding_idx: int = 0
+    positions: str = "sinusoidal"  # "sinusoidal" (parameter-free) or "learned" (absolute table)
+
+    def __post_init__(self) -> None:
+        for name in ("content_vocab_size", "d_x", "d_t", "n_heads", "n_layers", "n_tokens", "n_states"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"BaselineConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.padding_idx < self.content_vocab_size:
+            raise ValueError(f"padding_idx {self.padding_idx} is outside the content vocabulary of size {self.content_vocab_size}")
+        if self.d % self.n_heads:
+            raise ValueError(f"n_heads {self.n_heads} must divide the width d = d_x * d_t = {self.d}")
+        if not 0.0 <= self.dropout <= 1.0:
+            raise ValueError(f"dropout must lie in [0, 1], got {self.dropout}")
+        if self.positions not in ("sinusoidal", "learned"):
+            raise ValueError(f"positions must be 'sinusoidal' or 'learned', got {self.positions!r}")
+
+    @property
+    def d(self) -> int:
+        """Model width, the joint fiber product d_x * d_t (section 7.3)."""
+        return self.d_x * self.d_t
+
+    @property
+    def d_ff(self) -> int:
+        return 4 * self.d
+
+    @property
+    def bos_id(self) -> int:
+        return self.content_vocab_size
+
+    @property
+    def eos_id(self) -> int:
+        return self.content_vocab_size + 1
+
+    @property
+    def vocab_size(self) -> int:
+        """Content vocabulary plus [BOS] and [EOS], appended after it (the padding id is not reused)."""
+        return self.content_vocab_size + 2
+
+    @property
+    def max_len(self) -> int:
+        """Longest sequence: packed prefix 1 + T*N, then at most N content tokens and [EOS]."""
+        return 1 + self.n_states * self.n_tokens + self.n_tokens + 1
+
+    def to_dict(self) -> dict:
+        return {"model_type": "baseline", **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "BaselineConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+class Packed(NamedTuple):
+    """Section 7.4 packing of a stored window, right-padded with the padding id."""
+
+    prefix: torch.Tensor  # (B, Lp) [BOS] + S(0) .. S(T-1), padding removed, no separators
+    prefix_len: torch.Tensor  # (B,) live length of each prefix, >= 1
+    gold: torch.Tensor  # (B, G) S(T) with padding removed, then [EOS]; target only
+    gold_len: torch.Tensor  # (B,) live length of each gold span, >= 1 (the [EOS])
+
+
+class FreeRun(NamedTuple):
+    """One free-running pass over a batch of windows."""
+
+    packed: Packed
+    logits: torch.Tensor  # (B, G, V) logits of the last live position at step k
+    tokens: torch.Tensor  # (B, G) argmax appended after step k (detached ids)
+
+
+def compact(ids: torch.Tensor, keep: torch.Tensor, pad: int, lead: int | None = None, tail: int | None = None):
+    """Keep the `keep` entries of each row in order, optionally behind `lead` and before `tail`.
+
+    ids, keep (B, M) -> right-padded rows (B, Lmax) and their lengths (B,).
+    """
+    B = ids.shape[0]
+    start = int(lead is not None)
+    lengths = keep.sum(dim=1) + start + int(tail is not None)  # (B,)
+    out = ids.new_full((B, int(lengths.max())), pad)
+    dest = keep.cumsum(dim=1) - 1 + start  # (B, M) target column of each kept id
+    rows = torch.arange(B, device=ids.device)[:, None].expand_as(ids)
+    out[rows[keep], dest[keep]] = ids[keep]
+    if lead is not None:
+        out[:, 0] = lead
+    if tail is not None:
+        out[torch.arange(B, device=ids.device), lengths - 1] = tail
+    return out, lengths
+
+
+def aligned_correct(tokens: torch.Tensor, gold: torch.Tensor, content: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """Greedy token accuracy on gold content positions: tokens, gold, content (B, G) -> matches (B, G).
+
+    Position k counts only if the model emitted gold[k] there and had not emitted [EOS] before k:
+    greedy evaluation stops at [EOS], so whatever the free run produced after it is not in the string.
+    """
+    is_eos = tokens == eos_id
+    eos_before = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0
+    return (tokens == gold) & content & ~eos_before
+
+
+class KVCache:
+    """Keys and values of every layer for right-padded prefixes plus the tokens fed after them.
+
+    The prefix block keeps its padding columns (masked by `live`); tokens fed later are appended as
+    new columns for every row at once, so each row's sequence is prefix[:len] + fed tokens, with positions
+    continuing from its own prefix length.
+    """
+
+    def __init__(self, kv: list[tuple[torch.Tensor, torch.Tensor]], live: torch.Tensor, next_pos: torch.Tensor):
+        self.kv = kv  # per layer (K, V), each (B, H, Lk, d / H)
+        self.live = live  # (B, Lk) True at real keys
+        self.next_pos = next_pos  # (B,) position of the next token fed
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(dim=-1)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head self-attention: W_Q, W_K, W_V (stacked in one d x 3d map) and W_O, no biases."""
+
+    def __init__(self, config: BaselineConfig):
+        super().__init__()
+        self.n_heads, self.d = config.n_heads, config.d
+        self.W_qkv = nn.Linear(config.d, 3 * config.d, bias=False)
+        self.W_o = nn.Linear(config.d, config.d, bias=False)
+
+    def forward(self, x: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None = None,
+                attn_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """x (B, Lq, d) -> (B, Lq, d) and the keys/values (B, H, Lk, d/H) after appending this call's.
+
+        Without `past`, x is a whole sequence from position 0 and the mask is causal (right padding needs
+        nothing more: a live position never sees a later slot). With `past`, `attn_mask` (B, 1, Lq, Lk),
+        True where a query may look, is required.
+        """
+        B, Lq, d = x.shape
+        q, k, v = self.W_qkv(x).view(B, Lq, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        if past is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        return self.W_o(y.transpose(1, 2).reshape(B, Lq, d)), (k, v)
+
+
+class Block(nn.Module):
+    """Pre-LN block on (B, L, d): x + drop(Attn(LN(x))), then + drop(MLP(LN(x)))."""
+
+    def __init__(self, config: BaselineConfig):
+        super().__init__()
+        self.ln_attn = nn.LayerNorm(config.d)
+        self.attention = CausalSelfAttention(config)
+        self.ln_mlp = nn.LayerNorm(config.d)
+        self.fc1 = nn.Linear(config.d, config.d_ff)
+        self.fc2 = nn.Linear(config.d_ff, config.d)
+        self.dropout = nn.Dropout(config.dropout)  # one rate, both residual branches
+
+    def forward(self, x, past=None, attn_mask=None):
+        y, kv = self.attention(self.ln_attn(x), past, attn_mask)
+        x = x + self.dropout(y)
+        return x + self.dropout(self.fc2(F.gelu(self.fc1(self.ln_mlp(x))))), kv
+
+
+class BaselineModel(PretrainedMixin, nn.Module):
+    """The free-running 1-D baseline: packed token strings (B, L) -> next-token logits (B, L, V)."""
+
+    config_class = BaselineConfig
+
+    def __init__(self, config: BaselineConfig):
+        super().__init__()
+        c = self.config = config
+        self.E = nn.Embedding(c.vocab_size, c.d)  # (V, d), also the readout
+        if c.positions == "learned":
+            self.P = nn.Embedding(c.max_len, c.d)  # learned absolute positions
+        else:
+            self.register_buffer("P_sin", sinusoidal_embedding(torch.arange(c.max_len, dtype=torch.float32), c.d),
+                                 persistent=False)  # (max_len, d)
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
+        self.final_norm = nn.LayerNorm(c.d)
+        # nanoGPT initialisation: N(0, 0.02) weights, zero biases, residual outputs scaled by 1/sqrt(2L).
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        for block in self.blocks:
+            for residual_out in (block.attention.W_o, block.fc2):
+                nn.init.normal_(residual_out.weight, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layers))
+
+    @classmethod
+    def vocab_size_for(cls, vocab) -> int:
+        """Content vocabulary size for the registry; [BOS] and [EOS] are added by the config."""
+        return len(vocab)
+
+    # ----- checks on what callers hand in -----
+    def check_window(self, token_ids: torch.Tensor, name: str = "token_ids", sentences: int | None = None) -> None:
+        """Reject anything but integer content ids (B, T', N), with T' == `sentences` or else 1 <= T' <= T."""
+        c = self.config
+        if not isinstance(token_ids, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(token_ids).__name__}")
+        if token_ids.dtype not in INT_DTYPES:
+            raise TypeError(f"{name} must hold integer token ids, got dtype {token_ids.dtype}")
+        want = f"{sentences}" if sentences is not None else f"1..{c.n_states}"
+        if token_ids.dim() != 3:
+            hint = " (insert the batch axis: ids[None])" if token_ids.dim() == 2 else ""
+            raise ValueError(f"{name} must have shape (B>=1, {want}, {c.n_tokens}), got {tuple(token_ids.shape)}{hint}")
+        B, T, N = token_ids.shape
+        T_ok = T == sentences if sentences is not None else 1 <= T <= c.n_states
+        if B < 1 or not T_ok or N != c.n_tokens:
+            raise ValueError(f"{name} must have shape (B>=1, {want}, {c.n_tokens}), got {tuple(token_ids.shape)}")
+        if token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= c.content_vocab_size):
+            bad = token_ids[(token_ids < 0) | (token_ids >= c.content_vocab_size)][0]
+            raise ValueError(f"{name} holds id {int(bad)}, outside the content vocabulary [0, {c.content_vocab_size})")
+
+    def check_sequence(self, ids: torch.Tensor, lengths: torch.Tensor | None = None) -> None:
+        """Packed ids (B, L) with 1 <= L <= max_len and ids in [0, V); lengths (B,) in [1, L]."""
+        c = self.config
+        if not isinstance(ids, torch.Tensor) or ids.dtype not in INT_DTYPES:
+            raise TypeError(f"ids must be an integer torch.Tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
+        if ids.dim() != 2 or ids.shape[0] < 1 or not 1 <= ids.shape[1] <= c.max_len:
+            raise ValueError(f"ids must have shape (B>=1, 1..{c.max_len}), got {tuple(ids.shape)}")
+        if int(ids.min()) < 0 or int(ids.max()) >= c.vocab_size:
+            raise ValueError(f"ids must lie in [0, {c.vocab_size}), got range [{int(ids.min())}, {int(ids.max())}]")
+        if lengths is not None:
+            if lengths.shape != ids.shape[:1]:
+                raise ValueError(f"lengths must have shape ({ids.shape[0]},), got {tuple(lengths.shape)}")
+            if int(lengths.min()) < 1 or int(lengths.max()) > ids.shape[1]:
+                raise ValueError(f"lengths must lie in [1, {ids.shape[1]}], got range [{int(lengths.min())}, {int(lengths.max())}]")
+
+    # ----- packing (section 7.4) -----
+    def pack_prefix(self, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sentences (B, T', N) -> [BOS] + their non-padding ids in reading order (B, Lp), lengths (B,)."""
+        c = self.config
+        flat = token_ids.long().reshape(token_ids.shape[0], -1)  # (B, T'N), sentence-major
+        return compact(flat, flat != c.padding_idx, c.padding_idx, lead=c.bos_id)
+
+    def pack(self, token_ids_full: torch.Tensor) -> Packed:
+        """A stored window (B, T+1, N) -> prefix from S(0..T-1) and gold S(T) + [EOS]."""
+        c = self.config
+        prefix, prefix_len = self.pack_prefix(token_ids_full[:, :-1])
+        last = token_ids_full[:, -1].long()  # (B, N)
+        gold, gold_len = compact(last, last != c.padding_idx, c.padding_idx, tail=c.eos_id)
+        return Packed(prefix, prefix_len, gold, gold_len)
+
+    # ----- forward pass -----
+    def position_code(self, pos: torch.Tensor) -> torch.Tensor:
+        """Positions (...) -> (..., d)."""
+        return self.P(pos) if self.config.positions == "learned" else self.P_sin[pos]
+
+    def encode(self, ids: torch.Tensor) -> torch.Tensor:
+        """Packed ids (B, L) -> final-normalised states (B, L, d)."""
+        self.check_sequence(ids)
+        ids = ids.long()
+        x = self.E(ids) + self.position_code(torch.arange(ids.shape[1], device=ids.device))
+        for block in self.blocks:
+            x, _ = block(x)
+        return self.final_norm(x)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Packed ids (B, L), right-padded -> logits (B, L, V); logits[:, i] predict token i + 1."""
+        return F.linear(self.encode(ids), self.E.weight)
+
+    def forward_last(self, ids: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, V) at the last live position lengths - 1 (the last column without lengths)."""
+        if lengths is not None:
+            self.check_sequence(ids, lengths)
+        H = self.encode(ids)  # (B, L, d)
+        idx = H.shape[1] - 1 if lengths is None else lengths.long() - 1
+        H_last = H[torch.arange(H.shape[0], device=H.device), idx]  # (B, d)
+        return F.linear(H_last, self.E.weight)  # the tied readout of one vector
+
+    # ----- KV cache -----
+    def prefill(self, prefix: torch.Tensor, prefix_len: torch.Tensor) -> tuple[torch.Tensor, KVCache]:
+        """Right-padded prefixes (B, Lp) -> logits (B, V) at their last live position, and the cache."""
+        self.check_sequence(prefix, prefix_len)
+        prefix, prefix_len = prefix.long(), prefix_len.long()
+        Lp = prefix.shape[1]
+        x = self.E(prefix) + self.position_code(torch.arange(Lp, device=prefix.device))
+        kv = []
+        for block in self.blocks:
+            x, layer_kv = block(x)
+            kv.append(layer_kv)
+        rows = torch.arange(prefix.shape[0], device=prefix.device)
+        h = self.final_norm(x[rows, prefix_len - 1])  # (B, d)
+        live = torch.arange(Lp, device=prefix.device)[None, :] < prefix_len[:, None]  # (B, Lp)
+        return F.linear(h, self.E.weight), KVCache(kv, live, prefix_len.clone())
+
+    def extend(self, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row (B,) at each row's next position -> its logits (B, V); grows `cache`."""
+        if int(cache.next_pos.max()) >= self.config.max_len:
+            raise ValueError(f"the sequence would pass max_len = {self.config.max_len}")
+        x = self.E(tokens.long())[:, None] + self.position_code(cache.next_pos)[:, None]  # (B, 1, d)
+        cache.live = torch.cat([cache.live, cache.live.new_ones(cache.live.shape[0], 1)], dim=1)
+        mask = cache.live[:, None, None, :]  # (B, 1, 1, Lk)
+        for i, block in enumerate(self.blocks):
+            x, cache.kv[i] = block(x, cache.kv[i], mask)
+        cache.next_pos = cache.next_pos + 1
+        return F.linear(self.final_norm(x[:, 0]), self.E.weight)
+
+    def decode(
+        self,
+        prefix: torch.Tensor,
+        prefix_len: torch.Tensor,
+        steps: int,
+        pick: Callable[[torch.Tensor], torch.Tensor] = greedy,
+        done: Callable[[torch.Tensor], bool] | None = None,
+        use_cache: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Free-running loop from right-padded prefixes: logits (B, K, V) and appended tokens (B, K), K <= steps.
+
+        At step k the logits of each row's last live position choose a token (`pick`, argmax by default),
+        which is appended, detached, before step k + 1. Every row advances; callers mask rows they are done
+        with. `done(tokens so far)` ends the loop early. Without the cache, each step reruns the full
+        causal forward on the grown ids: the same function, for tests.
+        """
+        if use_cache:
+            logits, cache = self.prefill(prefix, prefix_len)
+        else:
+            ids = torch.cat([prefix.long(), prefix.new_full((prefix.shape[0], steps), self.config.padding_idx)], dim=1)
+            lengths = prefix_len.long().clone()
+            logits = self.forward_last(ids[:, : int(lengths.max())], lengths)
+        rows = torch.arange(prefix.shape[0], device=prefix.device)
+        all_logits, tokens = [], []
+        for k in range(steps):
+            all_logits.append(logits)
+            tokens.append(pick(logits).detach())  # the discrete choice passes no gradient
+            if k + 1 == steps or (done is not None and done(torch.stack(tokens, dim=1))):
+                break
+            if use_cache:
+                logits = self.extend(cache, tokens[-1])
+            else:
+                ids = ids.index_put((rows, lengths), tokens[-1])  # out of place: autograd saved the old ids
+                lengths = lengths + 1
+                logits = self.forward_last(ids[:, : int(lengths.max())], lengths)
+        return torch.stack(all_logits, dim=1), torch.stack(tokens, dim=1)
+
+    # ----- the free-running objective (section 7.4) -----
+    def check_full_window(self, token_ids_full: torch.Tensor) -> None:
+        c = self.config
+        if not isinstance(token_ids_full, torch.Tensor) or token_ids_full.dim() != 3:
+            shape = tuple(token_ids_full.shape) if isinstance(token_ids_full, torch.Tensor) else type(token_ids_full).__name__
+            raise ValueError(
+                f"a training example must have shape (B, T+1, N) = (B, {c.n_states + 1}, {c.n_tokens}), got {shape}; "
+                "a single (T+1, N) window needs its batch axis: window[None]"
+            )
+        if token_ids_full.shape[1] != c.n_states + 1:
+            raise ValueError(f"a training example must hold T+1 = {c.n_states + 1} sentences, got {token_ids_full.shape[1]}")
+        self.check_window(token_ids_full, "token_ids_full", sentences=c.n_states + 1)
+
+    def free_run(self, token_ids_full: torch.Tensor, use_cache: bool = True) -> FreeRun:
+        """A stored window (B, T+1, N) -> packing, step logits (B, G, V) and appended argmax (B, G)."""
+        self.check_full_window(token_ids_full)
+        packed = self.pack(token_ids_full)
+        logits, tokens = self.decode(packed.prefix, packed.prefix_len, packed.gold.shape[1], use_cache=use_cache)
+        return FreeRun(packed, logits, tokens)
+
+    def training_step(self, token_ids_full: torch.Tensor, use_cache: bool = True) -> StepStats:
+        """A stored window (B, T+1, N) -> the free-running selection loss and the statistics on S(T).
+
+        Row b is active for steps k < gold_len[b]. `loss` and window_* cover every gold token of the active
+        steps, [EOS] included; last_* cover only the content tokens of S(T), the non-padding slots the
+        4-tensor last slice is scored on. last_correct follows `aligned_correct`.
+        """
+        run = self.free_run(token_ids_full, use_cache)
+        gold, gold_len = run.packed.gold, run.packed.gold_len
+        G = gold.shape[1]
+        active = torch.arange(G, device=gold.device)[None, :] < gold_len[:, None]  # (B, G)
+        content = active & (gold != self.config.eos_id)  # (B, G)
+        ce = F.cross_entropy(run.logits[active], gold[active], reduction="none")  # (K,), row-major over (b, k)
+        is_content = content[active]  # (K,)
+        window_tokens = active.sum()
+        return StepStats(
+            loss=ce.sum() / window_tokens,
+            window_ce_sum=ce.sum().detach(),
+            window_tokens=window_tokens,
+            last_ce_sum=ce[is_content].sum().detach(),
+            last_correct=aligned_correct(run.tokens, gold, content, self.config.eos_id).sum(),
+            last_tokens=content.sum(),
+        )
+
+    # ----- generation -----
+    def picker(self, banned_ids=(), temperature: float = 0.0, top_k: int | None = None,
+               generator: torch.Generator | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Token choice on logits (B, V): greedy argmax at temperature 0 (the free-running objective's rule),
+        else a sample from softmax(logits / temperature), within the top_k ids if given. `banned_ids` are
+        never chosen."""
+        if not banned_ids and temperature <= 0:
+            return greedy
+
+        def pick(logits: torch.Tensor) -> torch.Tensor:
+            logits = logits.float().clone()
+            if banned_ids:
+                logits[:, list(banned_ids)] = float("-inf")
+            if temperature <= 0:
+                return logits.argmax(dim=-1)
+            logits = logits / temperature
+            if top_k is not None:
+                kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)[:, 0]
+
+        return pick
+
+    @torch.no_grad()
+    def generate(
+        self,
+        token_ids: torch.Tensor,
+        end_ids: list[int] | tuple[int, ...] = (),
+        banned_ids: list[int] | tuple[int, ...] = (),
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+        use_cache: bool = True,
+    ) -> torch.Tensor:
+        """The next sentence from the prefix alone: window (B, T', N) -> content ids (B, N), right-padded.
+
+        A row stops at [EOS] (not stored), after N content tokens, or after storing one of `end_ids`.
+        Greedy decoding takes the argmax over the whole table, as the free-running objective does, so its
+        accuracy against gold S(T) is `last_correct` of `training_step`; pass `banned_ids` to exclude ids
+        such as padding or [BOS] (which `rollout` bans, to keep its windows in the content vocabulary).
+        """
+        c = self.config
+        self.check_window(token_ids)
+        prefix, prefix_len = self.pack_prefix(token_ids)
+        stop_ids = torch.tensor([c.eos_id, *end_ids], device=token_ids.device)
+        _, tokens = self.decode(  # (B, K), K <= N
+            prefix, prefix_len, c.n_tokens, self.picker(banned_ids, temperature, top_k, generator),
+            done=lambda t: bool(torch.isin(t, stop_ids).any(dim=1).all()), use_cache=use_cache)
+        is_stop = torch.isin(tokens, stop_ids).long()
+        stopped_before = (is_stop.cumsum(dim=1) - is_stop) > 0
+        out = tokens.masked_fill(stopped_before | (tokens == c.eos_id), c.padding_idx)
+        return F.pad(out, (0, c.n_tokens - out.shape[1]), value=c.padding_idx)
+
+    @torch.no_grad()
+    def rollout(self, token_ids: torch.Tensor, steps: int, **decoding) -> torch.Tensor:
+        """Predict `steps` future sentences from a window (B, T', N) -> (B, steps, N).
+
+        Each prediction is appended to the window, which keeps its last T sentences and is packed again;
+        `decoding` goes to `generate`, with padding and [BOS] added to the banned ids: neither is content,
+        and a padding id inside a predicted state would read as a gap in the next window.
+        """
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        self.check_window(token_ids)
+        c = self.config
+        decoding["banned_ids"] = (*decoding.get("banned_ids", ()), c.padding_idx, c.bos_id)
+        window, predicted = token_ids.long(), []
+        for _ in range(steps):
+            state = self.generate(window, **decoding)
+            predicted.append(state)
+            window = torch.cat([window, state[:, None]], dim=1)[:, -self.config.n_states :]
+        return torch.stack(predicted, dim=1)
