@@ -1,0 +1,97 @@
+"""Pipeline presets (`configs/pipeline/*.yaml`) and the `auto` choice between hub and offline models."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PRESET_DIR = PROJECT_ROOT / "configs" / "pipeline"
+COMPONENTS = ("captioner", "renderer", "predictor")
+HUB_CHECK_TIMEOUT_S = 5.0
+
+
+class PresetError(ValueError):
+    """A preset is unknown, malformed, or names models that are not available."""
+
+
+def available_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml")) + ["auto"]
+
+
+def resolve_model_path(name: str) -> str:
+    """A preset's model entry: a path relative to the project root if it exists there, else as given."""
+    local = PROJECT_ROOT / name
+    return str(local) if local.exists() else name
+
+
+def load_preset(name: str) -> dict:
+    """The preset as a dict with one entry per component (hub id or path) and their options."""
+    path = PRESET_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise PresetError(f"unknown preset {name!r}; choose one of: {', '.join(available_presets())}")
+    preset = yaml.safe_load(path.read_text()) or {}
+    missing = [c for c in COMPONENTS if c not in preset]
+    if missing:
+        raise PresetError(f"preset {path} names no {', '.join(missing)}")
+    for component in COMPONENTS:
+        preset[component] = resolve_model_path(str(preset[component]))
+    preset["name"] = name
+    return preset
+
+
+def missing_offline_models(preset: dict) -> list[str]:
+    """Components of an offline preset whose folder is not in this installation."""
+    return [c for c in COMPONENTS if not Path(preset[c]).is_dir()]
+
+
+def hub_model_available(model_id: str) -> bool:
+    """True when `model_id` is a local folder, is in the Hugging Face cache, or the hub answers for it."""
+    if Path(model_id).is_dir():
+        return True
+    from huggingface_hub import try_to_load_from_cache
+
+    for filename in ("config.json", "model_index.json"):
+        try:
+            if isinstance(try_to_load_from_cache(model_id, filename), str):
+                return True
+        except Exception:  # an id the cache cannot even parse
+            return False
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    try:
+        from huggingface_hub import HfApi
+
+        HfApi().model_info(model_id, timeout=HUB_CHECK_TIMEOUT_S)
+        return True
+    except Exception:
+        return False
+
+
+def choose_preset(name: str) -> tuple[dict, str]:
+    """Resolve `name` (hub, offline, or auto) to a preset and a sentence that says why it was chosen."""
+    if name != "auto":
+        preset = load_preset(name)
+        if name == "offline" and missing_offline_models(preset):
+            raise PresetError(offline_missing_message(preset))
+        return preset, f"preset {name!r} requested"
+    hub = load_preset("hub")
+    unavailable = [hub[c] for c in ("captioner", "renderer") if not hub_model_available(hub[c])]
+    if not unavailable:
+        return hub, "auto: the hub models are cached or reachable"
+    offline = load_preset("offline")
+    if missing_offline_models(offline):
+        raise PresetError(
+            f"auto: the hub models {', '.join(unavailable)} are neither cached nor reachable, and "
+            + offline_missing_message(offline)
+        )
+    return offline, f"auto: {', '.join(unavailable)} not cached or reachable; using the offline pack"
+
+
+def offline_missing_message(preset: dict) -> str:
+    missing = missing_offline_models(preset)
+    return (
+        f"the offline model pack is not in this installation (missing: {', '.join(preset[c] for c in missing)}). "
+        "Use --preset hub with internet access, or name local models with --captioner, --renderer and --predictor."
+    )

@@ -1,0 +1,319 @@
+"""The video rollout: clip -> captions -> 4-tensor rollout -> rendered frames.
+
+    python -m pipeline.rollout video.mp4 --steps 5 [--preset auto|hub|offline] [--out DIR]
+                                [--interval S | --frames K] [--device D] [--samples K --temperature X --seed S]
+
+`run_rollout(...)` is the Python API that the command and the demo both call. A run folder holds the
+observed and rendered frames, `rollout.json`, `storyboard.png`, `rollout.mp4` and `rollout.gif`. It is
+written beside its destination and renamed into place only when complete.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from PIL import Image
+from tqdm.auto import tqdm
+
+from encoders.frames import VideoError, sample_frames
+from pipeline.presets import PresetError, available_presets, choose_preset, resolve_model_path
+from pipeline.windows import caption_window, decode_states
+from world_model.checkpoint import CheckpointError
+from world_model.models import load_model
+from world_model.vocab import Vocabulary
+
+Progress = Callable[[float, str], None]
+
+
+class RolloutError(RuntimeError):
+    """A run cannot go ahead or finish; the message says why and nothing is left half-written."""
+
+
+@dataclass
+class RolloutResult:
+    """What a run produced; `record` is the content of rollout.json."""
+
+    run_dir: Path
+    record: dict
+    observed: list[np.ndarray] = field(repr=False)  # (H, W, 3) uint8 sampled frames
+    rendered: list[list[np.ndarray]] = field(repr=False)  # [sample][step] (H, W, 3) uint8
+
+    @property
+    def predicted_sentences(self) -> list[list[str]]:
+        return [s["sentences"] for s in self.record["predictions"]]
+
+
+@lru_cache(maxsize=4)
+def load_captioner(name: str, device: str | None, options: tuple):
+    from encoders.captioner import HFCaptioner
+
+    return HFCaptioner.from_pretrained(name, device=device, **dict(options))
+
+
+@lru_cache(maxsize=4)
+def load_renderer(name: str, device: str | None, options: tuple):
+    from renderers.text_to_image import DiffusersRenderer
+
+    return DiffusersRenderer.from_pretrained(name, device=device, **dict(options))
+
+
+@lru_cache(maxsize=4)
+def load_predictor(name: str, device: str):
+    """The predictor and its vocabulary from a checkpoint folder."""
+    return load_model(name, device=device), Vocabulary.load(name)
+
+
+def pick_device(device: str | None) -> str:
+    if device:
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def prepare_run_dir(out_dir: Path, overwrite: bool) -> Path:
+    """Check the destination now, before any model work, and make a staging folder beside it."""
+    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+        raise RolloutError(f"{out_dir} already holds files; choose another --out or pass --overwrite")
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.partial-"))
+    except OSError as err:
+        raise RolloutError(f"cannot write the run folder {out_dir}: {err.strerror or err}") from err
+
+
+def default_out_dir(video: Path) -> Path:
+    return Path("runs") / f"{video.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def run_rollout(
+    video: str | Path,
+    steps: int = 5,
+    out_dir: str | Path | None = None,
+    preset: str = "auto",
+    interval: float = 1.0,
+    num_frames: int | None = None,
+    max_frames: int = 32,
+    captioner: str | None = None,
+    renderer: str | None = None,
+    predictor: str | None = None,
+    device: str | None = None,
+    samples: int = 1,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    seed: int = 0,
+    init_from_last_frame: bool = False,
+    fps: float = 2.0,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> RolloutResult:
+    """Read a clip, predict its next `steps` states and render them.
+
+    Args:
+        video: the clip (any container OpenCV/FFmpeg reads).
+        steps: predicted states (one per `interval` seconds of the future), >= 1.
+        out_dir: the run folder; default `runs/<clip>-<time>`. Refused if it holds files, unless `overwrite`.
+        preset: `auto` (hub models when cached or reachable, otherwise the offline pack), `hub` or `offline`.
+        interval: seconds between sampled frames; `num_frames` instead takes that many evenly spaced.
+        max_frames: cap on sampled frames (long clips are thinned evenly).
+        captioner, renderer, predictor: override one component with a hub id or a local folder.
+        device: torch device for the models; default CUDA when available, else CPU.
+        samples: alternative futures; greedy when `temperature` is 0 (then one sample is enough).
+        temperature, top_k, seed: sampling of the predicted tokens; `seed` also seeds the renderer.
+        init_from_last_frame: render each state image-to-image from the last observed frame.
+        fps: frame rate of rollout.mp4 / rollout.gif.
+        progress: optional callback `progress(fraction, message)` (the demo passes gr.Progress).
+    """
+    timings: dict[str, float] = {}
+    report = progress or (lambda fraction, message: None)
+    if steps < 1:
+        raise RolloutError(f"--steps must be at least 1, got {steps}")
+    if samples < 1:
+        raise RolloutError(f"--samples must be at least 1, got {samples}")
+    video = Path(video)
+    out_dir = Path(out_dir) if out_dir is not None else default_out_dir(video)
+    chosen, reason = choose_preset(preset) if not (captioner and renderer and predictor) else ({"name": "custom"}, "all components named")
+    names = {c: resolve_model_path(override) if override else chosen[c]
+             for c, override in (("captioner", captioner), ("renderer", renderer), ("predictor", predictor))}
+    device = pick_device(device)
+    staging = prepare_run_dir(out_dir, overwrite)
+    try:
+        start = time.perf_counter()
+        report(0.0, "sampling frames")
+        clip = sample_frames(video, interval=interval, num_frames=num_frames, max_frames=max_frames)
+        timings["sample_frames"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        report(0.15, "loading models")
+        cap = load_captioner(names["captioner"], device, tuple(sorted(chosen.get("captioner_options", {}).items())))
+        model, vocab = load_predictor(names["predictor"], device)
+        ren = load_renderer(names["renderer"], device, tuple(sorted(chosen.get("renderer_options", {}).items())))
+        timings["load_models"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        report(0.3, f"captioning {len(clip)} frames")
+        images = [f.image for f in clip]
+        captions = cap(images)
+        timings["caption"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        report(0.5, "predicting")
+        c = model.config
+        window = caption_window(captions, vocab, c.n_states, c.n_tokens)
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        predictions = []
+        for _ in range(samples if temperature > 0 else 1):
+            ids = model.rollout(window.token_ids.to(device), steps, end_ids=vocab.end_ids, temperature=temperature,
+                                top_k=top_k, generator=generator)[0].cpu()  # (steps, N)
+            predictions.append({"sentences": decode_states(ids, vocab), "token_ids": ids.tolist()})
+        timings["predict"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        rendered = []
+        for k, prediction in enumerate(tqdm(predictions, desc="rendering", disable=len(predictions) == 1)):
+            report(0.6 + 0.3 * k / len(predictions), f"rendering {steps} predicted states")
+            init = [images[-1]] * steps if init_from_last_frame else None
+            rendered.append(ren(prediction["sentences"], seed=seed + k, init_images=init))
+        timings["render"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        report(0.9, "writing outputs")
+        record = {
+            "video": str(video),
+            "clip": {"fps": clip.info.fps, "duration_s": clip.info.duration, "width": clip.info.width,
+                     "height": clip.info.height, "rotation": clip.info.rotation},
+            "preset": chosen["name"], "preset_reason": reason,
+            "models": {**names, "device": device},
+            "sampling": {"interval_s": interval, "num_frames": num_frames, "max_frames": max_frames,
+                         "steps": steps, "temperature": temperature, "top_k": top_k, "seed": seed,
+                         "samples": len(predictions), "init_from_last_frame": init_from_last_frame},
+            "observed": [{"timestamp_s": round(f.timestamp, 3), "frame_index": f.index, "caption": text,
+                          "image": f"observed/{i:03d}.png"} for i, (f, text) in enumerate(zip(clip, captions))],
+            "window": {"states": window.states, "token_ids": window.token_ids[0].tolist()},
+            "oov": {"tokens": window.tokens, "unknown": window.unknown, "rate": round(window.oov_rate, 4),
+                    "unknown_words": window.unknown_words},
+            "predictions": [{**p, "images": [f"rendered/sample{k}_step{s + 1:02d}.png" for s in range(steps)]}
+                            for k, p in enumerate(predictions)],
+            "warnings": list(clip.warnings),
+        }
+        if window.tokens and window.unknown == window.tokens:
+            record["warnings"].append("every caption word is outside the predictor's vocabulary: "
+                                      "the prediction rests on sentence positions alone")
+        write_outputs(staging, record, images, rendered, captions, fps)
+        timings["write_outputs"] = time.perf_counter() - start
+        record["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
+        write_json(staging / "rollout.json", record)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        staging.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    report(1.0, "done")
+    return RolloutResult(out_dir, record, images, rendered)
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+def write_outputs(folder: Path, record: dict, observed: list[np.ndarray], rendered: list[list[np.ndarray]],
+                  captions: list[str], fps: float) -> None:
+    """Frames as PNG, the storyboard, and the video (observed frames, then the first sample's future)."""
+    from renderers.outputs import write_gif, write_storyboard, write_video
+
+    for entry, image in zip(record["observed"], observed):
+        save_png(folder / entry["image"], image)
+    for prediction, images in zip(record["predictions"], rendered):
+        for name, image in zip(prediction["images"], images):
+            save_png(folder / name, image)
+    first = record["predictions"][0]
+    observed_cells = [(img, f"t={e['timestamp_s']:.1f}s: {e['caption']}") for img, e in zip(observed, record["observed"])]
+    predicted_cells = [(img, f"step {s + 1}: {text}") for s, (img, text) in enumerate(zip(rendered[0], first["sentences"]))]
+    write_storyboard(observed_cells, predicted_cells, folder / "storyboard.png", title=Path(record["video"]).name)
+    size = observed[0].shape[:2]
+    frames = [fit(img, size) for img in observed + rendered[0]]
+    write_video(frames, folder / "rollout.mp4", fps=fps)
+    write_gif(frames, folder / "rollout.gif", fps=fps)
+
+
+def save_png(path: Path, image: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(image).save(path)
+
+
+def fit(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Resize an (H, W, 3) frame to (height, width) = size, so observed and rendered frames share a video."""
+    if image.shape[:2] == size:
+        return image
+    return np.asarray(Image.fromarray(image).resize((size[1], size[0]), Image.BICUBIC))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.rollout", description=__doc__.split("\n\n")[0])
+    parser.add_argument("video", type=Path, help="the clip to read")
+    parser.add_argument("--steps", type=int, default=5, help="predicted future states (default 5)")
+    parser.add_argument("--preset", default="auto", help=f"model preset: {', '.join(available_presets())} (default auto)")
+    parser.add_argument("--out", type=Path, help="run folder (default runs/<clip>-<time>)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
+    sampling = parser.add_mutually_exclusive_group()
+    sampling.add_argument("--interval", type=float, default=1.0, help="seconds between sampled frames (default 1.0)")
+    sampling.add_argument("--frames", type=int, help="sample this many evenly spaced frames instead")
+    parser.add_argument("--max-frames", type=int, default=32, help="cap on sampled frames (default 32)")
+    parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--captioner", help="image-to-text model: hub id or folder (overrides the preset)")
+    parser.add_argument("--renderer", help="text-to-image model: hub id or folder (overrides the preset)")
+    parser.add_argument("--predictor", help="4-tensor checkpoint folder (overrides the preset)")
+    parser.add_argument("--samples", type=int, default=1, help="alternative futures (needs --temperature > 0)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-k", type=int, help="sample only among the k likeliest words")
+    parser.add_argument("--seed", type=int, default=0, help="seed for sampling and rendering")
+    parser.add_argument("--init-from-last-frame", action="store_true", help="image-to-image from the last observed frame")
+    parser.add_argument("--fps", type=float, default=2.0, help="frame rate of rollout.mp4 (default 2)")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
+    return parser.parse_args(argv)
+
+
+def summary(result: RolloutResult) -> str:
+    r = result.record
+    lines = [f"preset: {r['preset']} ({r['preset_reason']})"]
+    lines += [f"  t={o['timestamp_s']:>6.1f}s  {o['caption']}" for o in r["observed"]]
+    for k, p in enumerate(r["predictions"]):
+        lines.append(f"predicted{'' if len(r['predictions']) == 1 else f' (sample {k + 1})'}:")
+        lines += [f"  step {s + 1}: {text}" for s, text in enumerate(p["sentences"])]
+    lines.append(f"out-of-vocabulary rate: {r['oov']['rate']:.1%}")
+    lines += [f"warning: {w}" for w in r["warnings"]]
+    lines.append("timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in r["timings_s"].items()))
+    lines.append(f"wrote {result.run_dir}/ (rollout.json, storyboard.png, rollout.mp4, rollout.gif)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        result = run_rollout(
+            args.video, steps=args.steps, out_dir=args.out, preset=args.preset, interval=args.interval,
+            num_frames=args.frames, max_frames=args.max_frames, captioner=args.captioner, renderer=args.renderer,
+            predictor=args.predictor, device=args.device, samples=args.samples, temperature=args.temperature,
+            top_k=args.top_k, seed=args.seed, init_from_last_frame=args.init_from_last_frame, fps=args.fps,
+            overwrite=args.overwrite,
+        )
+    except (RolloutError, PresetError, VideoError, CheckpointError, ValueError, OSError) as err:
+        if args.debug:
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(summary(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""The whole rollout command on a clip written by the test, with tiny models of the real architectures
+saved locally (a BLIP captioner, a Stable Diffusion pipeline, a 4-tensor predictor)."""
+import json
+import os
+import stat
+
+import imageio.v3 as iio
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from pipeline import rollout as rollout_module
+from pipeline.rollout import RolloutError, main, run_rollout
+from pipeline.windows import as_state_sentence, caption_window
+from tests.model_factories import make_tiny_blip, make_tiny_sd, one_torch_thread, write_test_clip
+from world_model.four_tensor import FourTensorConfig, FourTensorModel
+from world_model.vocab import Vocabulary
+
+WORDS = ["a red square moves to the right .", "the square stops at the wall .", "a ball falls down ."]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    with one_torch_thread():
+        vocab = Vocabulary.build(WORDS)
+        torch.manual_seed(0)
+        predictor = FourTensorModel(FourTensorConfig(vocab_size=len(vocab), d_x=4, d_t=2, n_heads=1, n_layers=1))
+        predictor.save_pretrained(root / "predictor", vocab=vocab)
+        yield {"captioner": str(make_tiny_blip(root / "blip")), "renderer": str(make_tiny_sd(root / "sd")),
+               "predictor": str(root / "predictor"), "vocab": vocab}
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory):
+    return write_test_clip(tmp_path_factory.mktemp("clip") / "clip.mp4", seconds=3.0, fps=10)
+
+
+def cli_models(models):
+    return ["--captioner", models["captioner"], "--renderer", models["renderer"], "--predictor", models["predictor"]]
+
+
+def test_cli_writes_a_complete_run_folder(models, clip, tmp_path, capsys):
+    out = tmp_path / "run"
+    with one_torch_thread():
+        code = main([str(clip), "--steps", "3", "--out", str(out), *cli_models(models)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    record = json.loads((out / "rollout.json").read_text())
+    assert [o["timestamp_s"] for o in record["observed"]] == [0.0, 1.0, 2.0]
+    assert all(isinstance(o["caption"], str) and o["caption"] for o in record["observed"])
+    assert len(record["predictions"]) == 1 and len(record["predictions"][0]["sentences"]) == 3
+    ids = np.array(record["predictions"][0]["token_ids"])
+    assert ids.shape == (3, 16) and (ids != 1).all(), "the unknown word is never predicted"
+    assert 0.0 <= record["oov"]["rate"] <= 1.0 and record["oov"]["tokens"] > 0
+    assert record["models"]["captioner"] == models["captioner"] and record["preset"] == "custom"
+    assert set(record["timings_s"]) == {"sample_frames", "load_models", "caption", "predict", "render", "write_outputs"}
+    for entry in record["observed"]:
+        assert Image.open(out / entry["image"]).size == (160, 96)
+    rendered = [np.asarray(Image.open(out / p)) for p in record["predictions"][0]["images"]]
+    assert all(img.ndim == 3 and img.shape[2] == 3 for img in rendered)
+    frames = list(iio.imiter(out / "rollout.mp4"))
+    assert len(frames) == 3 + 3 and frames[0].shape[:2] == (96, 160)
+    assert len(list(iio.imiter(out / "rollout.gif"))) == 6
+    board = Image.open(out / "storyboard.png")
+    assert board.size[0] > 300 and np.asarray(board).std() > 0
+    assert "step 3:" in printed and str(out) in printed
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "no staging folder left"
+
+
+def test_sampling_gives_seeded_alternative_futures(models, clip, tmp_path):
+    with one_torch_thread():
+        runs = [run_rollout(clip, steps=2, out_dir=tmp_path / name, samples=3, temperature=1.5, seed=seed,
+                            **{k: models[k] for k in ("captioner", "renderer", "predictor")})
+                for name, seed in (("a", 7), ("b", 7), ("c", 8))]
+    a, b, c = (r.predicted_sentences for r in runs)
+    assert len(a) == 3 and a == b, "same seed, same futures"
+    assert a != c
+    assert len({tuple(s) for s in a}) > 1, "the samples differ from each other"
+    assert np.array_equal(runs[0].rendered[0][0], runs[1].rendered[0][0])
+
+
+def test_window_left_pads_short_clips_and_counts_unknown_words(models):
+    vocab = models["vocab"]
+    window = caption_window(["a red square", "zebra quokka"], vocab, n_states=4, n_tokens=16)
+    assert window.token_ids.shape == (1, 4, 16)
+    assert (window.token_ids[0, :2] == 0).all(), "two empty states in front"
+    assert window.states == ["", "", "a red square.", "zebra quokka."]
+    assert window.unknown == 2 and window.tokens == 3 + 2
+    assert window.unknown_words == ["zebra", "quokka"]
+    assert window.token_ids[0, 3, :2].tolist() == [1, 1]
+    assert as_state_sentence("  two   spaces ") == "two spaces." and as_state_sentence("done!") == "done!"
+
+
+def test_caption_of_only_unknown_words_is_a_documented_warning(models, clip, tmp_path, monkeypatch):
+    monkeypatch.setattr(rollout_module, "load_captioner", lambda *a: lambda images: ["zebra quokka"] * len(images))
+    with one_torch_thread():
+        result = run_rollout(clip, steps=1, out_dir=tmp_path / "run", **{k: models[k] for k in ("captioner", "renderer", "predictor")})
+    assert result.record["oov"]["rate"] == 1.0
+    assert any("outside the predictor's vocabulary" in w for w in result.record["warnings"])
+
+
+@pytest.mark.parametrize("kind", ["missing", "text", "empty", "audio"])
+def test_bad_videos_give_a_clear_error_and_no_run_folder(models, tmp_path, capsys, kind):
+    video = tmp_path / "video.mp4"
+    if kind == "text":
+        video.write_text("this is not a video")
+    elif kind == "empty":
+        video.write_bytes(b"")
+    elif kind == "audio":
+        from tests.model_factories import write_audio_only
+
+        video = write_audio_only(tmp_path / "audio.m4a")
+    out = tmp_path / "run"
+    code = main([str(video), "--out", str(out), *cli_models(models)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and "Traceback" not in err
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".run")]
+
+
+def test_one_frame_clip_predicts_from_one_state(models, tmp_path):
+    video = write_test_clip(tmp_path / "one.mp4", seconds=0.1, fps=10)
+    with one_torch_thread():
+        result = run_rollout(video, steps=2, out_dir=tmp_path / "run", **{k: models[k] for k in ("captioner", "renderer", "predictor")})
+    assert len(result.record["observed"]) == 1
+    assert result.record["window"]["states"][:3] == ["", "", ""]
+    assert len(result.predicted_sentences[0]) == 2
+
+
+def test_unwritable_output_folder_is_refused_before_any_work(models, clip, tmp_path, capsys, monkeypatch):
+    if os.geteuid() == 0:  # root ignores permission bits: make the parent a file instead
+        parent = tmp_path / "a_file"
+        parent.write_text("")
+    else:
+        parent = tmp_path / "locked"
+        parent.mkdir()
+        parent.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    called = []
+    monkeypatch.setattr(rollout_module, "sample_frames", lambda *a, **k: called.append(1))
+    code = main([str(clip), "--out", str(parent / "run"), *cli_models(models)])
+    assert code == 2 and "cannot write the run folder" in capsys.readouterr().err
+    assert not called
+
+
+def test_existing_run_folder_is_kept_unless_overwrite(models, clip, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(RolloutError, match="--overwrite"):
+        run_rollout(clip, steps=1, out_dir=out, **{k: models[k] for k in ("captioner", "renderer", "predictor")})
+    assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_interrupted_run_leaves_no_half_written_folder(models, clip, tmp_path, monkeypatch):
+    def broken_renderer(*args):
+        def render(prompts, seed=0, init_images=None):
+            raise KeyboardInterrupt
+
+        return render
+
+    monkeypatch.setattr(rollout_module, "load_renderer", broken_renderer)
+    with pytest.raises(KeyboardInterrupt), one_torch_thread():
+        run_rollout(clip, steps=1, out_dir=tmp_path / "run", **{k: models[k] for k in ("captioner", "renderer", "predictor")})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_offline_preset_without_the_pack_says_so(clip, tmp_path, capsys):
+    code = main([str(clip), "--preset", "offline", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "offline model pack is not in this installation" in err
+    assert "Traceback" not in err
+
+
+def test_unknown_preset_lists_the_known_ones(clip, tmp_path, capsys):
+    assert main([str(clip), "--preset", "nope", "--out", str(tmp_path / "run")]) == 2
+    assert "unknown preset 'nope'" in capsys.readouterr().err
+
+
+def test_auto_preset_without_hub_or_pack_explains_both(clip, tmp_path, capsys):
+    assert main([str(clip), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "Salesforce/blip-image-captioning-base" in err and "neither cached nor reachable" in err
+    assert "offline model pack is not in this installation" in err
