@@ -263,7 +263,9 @@ class FourTensorModel(PretrainedMixin, nn.Module):
     def readout_matrix(self) -> torch.Tensor:
         """Tied rank-1 readout M (d, V): M[n * d_t + q, v] = E_sem[v, n] * W'[q, v]."""
         E_sem = self.input_construction.E_sem.weight  # (V, d_x)
-        return torch.einsum("vn,qv->nqv", E_sem, self.W_prime).reshape(self.config.d, self.config.vocab_size)
+        E_T = E_sem.T.contiguous()  # (d_x, V), small; keeps the product below contiguous
+        M = E_T[:, None, :] * self.W_prime[None, :, :]  # (d_x, d_t, V), written once
+        return M.view(self.config.d, self.config.vocab_size)
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Token ids (B, T, N) -> logits (B, N, T, V); logits[:, :, t] predict sentence t + 1."""
@@ -295,20 +297,24 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         X = self.encode(token_ids_full[:, :-1])  # (B, N, T, d)
         Y = token_ids_full[:, 1:].permute(0, 2, 1)  # (B, T, N) -> (B, N, T)
         live = Y != c.padding_idx  # (B, N, T)
-        target = Y[live]  # (K,) the live targets, K of them
+        last = torch.zeros_like(live)
+        last[:, :, -1] = True  # the slots of S(T)
         # Readout only on slots with a target, fused with the cross-entropy (no (K, V) logits kept).
-        ce_sum, ce, argmax = linear_cross_entropy(X[live], self.readout_matrix(), target)
-        last_slot = torch.zeros_like(live)
-        last_slot[:, :, -1] = True
-        is_last = last_slot[live]  # (K,) targets that belong to S(T)
+        # Rows of S(1..T-1) come first and those of S(T) last, the only ones whose argmax is needed.
+        earlier, final = live & ~last, live & last
+        target = torch.cat([Y[earlier], Y[final]])  # (K,)
+        n_earlier = int(earlier.sum())
+        ce_sum, ce, argmax = linear_cross_entropy(
+            torch.cat([X[earlier], X[final]]), self.readout_matrix(), target, argmax_from=n_earlier
+        )
         window_tokens = live.sum()
         return StepStats(
             loss=ce_sum / window_tokens.clamp(min=1),
             window_ce_sum=ce_sum.detach(),
             window_tokens=window_tokens,
-            last_ce_sum=ce[is_last].sum(),
-            last_correct=(argmax == target)[is_last].sum(),
-            last_tokens=is_last.sum(),
+            last_ce_sum=ce[n_earlier:].sum(),
+            last_correct=(argmax == target[n_earlier:]).sum(),
+            last_tokens=final.sum(),
         )
 
     # ----- autoregressive rollout -----
