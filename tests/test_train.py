@@ -1,0 +1,380 @@
+"""Training loop, stopping rule, resume, evaluation CLI and config checks on a tiny ROCStories fixture."""
+
+import copy
+import csv
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from world_model import train as train_mod
+from world_model.checkpoint import CheckpointError
+from world_model.config_io import ConfigError, load_config, validate_config
+from world_model.evaluate import main as evaluate_main
+from world_model.four_tensor import FourTensorModel
+from world_model.models import MODEL_TYPES, build_model, load_model, model_vocab_size
+from world_model.rocstories import CLOZE_COLUMNS, TRAIN_COLUMNS, DataError
+from world_model.train import (
+    TrainingError,
+    best_epoch_index,
+    flatten_optimizer_state,
+    should_stop,
+    stop_reason,
+    train,
+    unflatten_optimizer_state,
+)
+from world_model.vocab import Vocabulary
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN_NAME = "ROCStories__spring2016 - ROCStories_spring2016.csv"
+VAL_NAME = "cloze_test_val__spring2016 - cloze_test_ALL_val.csv"
+TEST_NAME = "cloze_test_test__spring2016 - cloze_test_ALL_test.csv"
+TINY = {
+    "model": {"type": "four_tensor", "d_x": 4, "d_t": 2, "n_heads": 1, "n_layers": 1, "dropout": 0.1},
+    "training": {"batch_size": 8, "eval_batch_size": 4, "max_epochs": 4, "seed": 1},
+}
+EPOCH_KEYS = {"epoch", "train_loss", "val_window_loss", "val_last_ce", "val_token_accuracy", "val_perplexity",
+              "epoch_seconds", "wall_seconds", "train_windows_per_second"}
+
+
+def write_csv(path, header, rows):
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
+def sentence(rng):
+    return f"{rng.choice(['Tom', 'Ann', 'Bob', 'Sue'])} {rng.choice(['ran', 'sat', 'ate', 'sang'])} {rng.choice(['home', 'fast', 'cake', 'late'])}."
+
+
+def make_data(root: Path, n_train=40, n_cloze=10) -> Path:
+    rng = random.Random(0)
+    root.mkdir(parents=True, exist_ok=True)
+    write_csv(root / TRAIN_NAME, TRAIN_COLUMNS, [[f"t{i}", "T"] + [sentence(rng) for _ in range(5)] for i in range(n_train)])
+    cloze = [[f"c{i}"] + [sentence(rng) for _ in range(6)] + [str(1 + i % 2)] for i in range(n_cloze)]
+    write_csv(root / VAL_NAME, CLOZE_COLUMNS, cloze[: n_cloze // 2])
+    write_csv(root / TEST_NAME, CLOZE_COLUMNS, cloze[n_cloze // 2 :])
+    return root
+
+
+def weights(path: Path) -> dict:
+    return load_file(path)
+
+
+def same_tensors(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def untimed(history):
+    return [{k: v for k, v in h.items() if k not in train_mod.TIMING_KEYS} for h in history]
+
+
+def read_metrics(out: Path):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return make_data(tmp_path_factory.mktemp("rocstories"))
+
+
+@pytest.fixture(scope="module")
+def reference(data_dir, tmp_path_factory):
+    """An uninterrupted 4-epoch run: (out folder, summary)."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    return out, train(copy.deepcopy(TINY), data_dir, out, progress=False)
+
+
+# ----- the stopping rule, as a pure function -----
+@pytest.mark.parametrize(
+    "losses, stop",
+    [
+        ([], False),
+        ([3.0, 2.0, 1.5, 1.2, 1.1, 1.0, 0.9], False),  # still improving
+        ([1.0, 1.1, 1.1, 1.1, 1.1], False),  # only four epochs since the minimum
+        ([1.0, 1.1, 1.1, 1.1, 1.1, 1.1], True),  # five epochs since, and above 1.01 x minimum
+        ([1.0, 1.1, 1.1, 1.1, 1.1, 1.01], False),  # equal to 1.01 x minimum is not above it
+        ([1.0, 1.1, 1.1, 1.1, 1.1, 1.0101], True),
+        ([1.0, 2.0, 2.0, 2.0, 2.0, 1.005], False),  # late, but back within the tolerance
+        ([1.0, 2.0, 2.0, 2.0, 2.0, 1.005, 2.0], True),
+        ([1.0, 1.1, 1.1, 0.9, 1.1, 1.1, 1.1, 1.1], False),  # a new minimum restarts the count
+        ([1.0, 1.1, 1.1, 0.9, 1.1, 1.1, 1.1, 1.1, 1.1], True),
+        ([1.0, 1.0, 1.2, 1.2, 1.2, 1.2], True),  # a tie does not replace the first minimum
+    ],
+)
+def test_should_stop(losses, stop):
+    assert should_stop(losses) is stop
+    # stopping happens exactly at the first epoch where the rule holds, never before
+    if stop:
+        assert not any(should_stop(losses[:i]) for i in range(len(losses)))
+
+
+def test_should_stop_parameters_and_best_epoch():
+    assert should_stop([1.0, 1.5, 1.5], patience=2)
+    assert not should_stop([1.0, 1.5, 1.5], patience=3)
+    assert not should_stop([1.0] + [1.04] * 5, tolerance=1.05)
+    assert should_stop([1.0] + [1.06] * 5, tolerance=1.05)
+    assert best_epoch_index([3.0, 2.0, 2.0, 2.5]) == 1
+    assert best_epoch_index([]) is None
+    h = lambda e, v, t=1.0: {"epoch": e, "val_window_loss": v, "train_loss": t}
+    assert stop_reason([h(1, 2.0), h(2, 1.0)], max_epochs=2, patience=5, tolerance=1.01) == "max_epochs"
+    assert stop_reason([h(1, 2.0)], max_epochs=2, patience=5, tolerance=1.01) is None
+    assert stop_reason([h(1, float("nan"))], max_epochs=9, patience=5, tolerance=1.01) == "non_finite_loss"
+    six = [h(1, 1.0)] + [h(e, 1.5) for e in range(2, 7)]
+    assert stop_reason(six, max_epochs=6, patience=5, tolerance=1.01) == "patience"  # patience wins on the last epoch
+
+
+def test_loop_stops_by_the_rule_and_keeps_the_minimum(data_dir, tmp_path, monkeypatch):
+    """Scripted validation losses: minimum at epoch 2, stop at epoch 7 (five epochs later), best/ = epoch 2."""
+    scripted = iter([3.0, 2.0, 2.5, 1.99 * 1.02, 2.5, 2.5, 2.5, 2.5, 2.5])
+    real = train_mod.metrics_from_sums
+
+    def fake(sums):
+        metrics = real(sums)
+        metrics["val_window_loss"] = next(scripted)
+        return metrics
+
+    monkeypatch.setattr(train_mod, "metrics_from_sums", fake)
+    summary = train(copy.deepcopy(TINY), data_dir, tmp_path / "out", max_epochs=20, train_subset=8, progress=False)
+    assert (summary["stop_reason"], summary["best_epoch"], summary["last_epoch"]) == ("patience", 2, 7)
+    assert json.loads((tmp_path / "out/best/config.json").read_text())["extra"]["epoch"] == 2
+    assert len(read_metrics(tmp_path / "out")) == 7
+
+
+# ----- a full run -----
+def test_run_writes_metrics_curves_summary_and_best(reference, data_dir):
+    out, summary = reference
+    history = read_metrics(out)
+    assert [h["epoch"] for h in history] == [1, 2, 3, 4]
+    assert all(EPOCH_KEYS <= h.keys() for h in history)
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = json.loads((out / "summary.json").read_text())
+    for key in ("config", "corpus_statistics", "best_epoch", "last_epoch", "stop_reason", "best_metrics",
+                "wall_seconds_to_best", "wall_seconds_total", "parameters"):
+        assert key in saved
+    assert saved["stop_reason"] == "max_epochs" and saved["last_epoch"] == 4
+    assert saved["corpus_statistics"]["train_stories"] == 40 and saved["corpus_statistics"]["validation_stories"] == 10
+    best = min(history, key=lambda h: h["val_window_loss"])
+    assert saved["best_epoch"] == best["epoch"]
+    assert saved["best_metrics"]["val_last_ce"] == best["val_last_ce"]
+    model = FourTensorModel.from_pretrained(out / "best")
+    assert json.loads((out / "best/config.json").read_text())["extra"]["epoch"] == best["epoch"]
+    assert sum(p.numel() for p in model.parameters()) == saved["parameters"]
+    assert isinstance(load_model(out / "best"), FourTensorModel)
+    assert len(Vocabulary.load(out / "best")) == saved["corpus_statistics"]["vocab_size"]
+
+
+def test_two_runs_give_the_same_weights(reference, data_dir, tmp_path):
+    out, _ = reference
+    train(copy.deepcopy(TINY), data_dir, tmp_path / "again", progress=False)
+    assert same_tensors(weights(out / "last/model/model.safetensors"), weights(tmp_path / "again/last/model/model.safetensors"))
+    assert untimed(read_metrics(out)) == untimed(read_metrics(tmp_path / "again"))
+
+
+def test_resume_after_sigkill_is_bit_identical(reference, data_dir, tmp_path):
+    ref, _ = reference
+    config = tmp_path / "tiny.yaml"
+    config.write_text(json.dumps(TINY))  # JSON is YAML
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "world_model.train", "--config", str(config), "--data", str(data_dir), "--out", str(out), "--no-progress"]
+    proc = subprocess.Popen(cmd + ["--step-delay", "0.25"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state = out / "last/state.json"
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            try:
+                if json.loads(state.read_text())["epoch"] == 2:
+                    break
+            except (OSError, ValueError):
+                pass
+            assert proc.poll() is None, "the run ended before it could be killed"
+            time.sleep(0.02)
+        else:
+            pytest.fail("no last/ for epoch 2 within 60 s")
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert json.loads(state.read_text())["epoch"] == 2
+    assert train_mod.main(cmd[3:] + ["--resume"]) == 0
+    for name in ("last/model/model.safetensors", "best/model.safetensors", "last/optimizer.safetensors"):
+        assert same_tensors(weights(ref / name), weights(out / name)), name
+    assert untimed(read_metrics(ref)) == untimed(read_metrics(out))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from_epoch"] == 2 and summary["last_epoch"] == 4
+
+
+def test_time_budget_stops_after_an_epoch_and_resumes(data_dir, tmp_path):
+    out = tmp_path / "budget"
+    summary = train(copy.deepcopy(TINY), data_dir, out, max_epochs=3, max_minutes=1e-6, progress=False)
+    assert (summary["stop_reason"], summary["last_epoch"]) == ("time_budget", 1)
+    # the epoch budget may change on resume (it decides when to stop, not what an epoch computes)
+    summary = train(copy.deepcopy(TINY), data_dir, out, max_epochs=2, resume=True, progress=False)
+    assert (summary["stop_reason"], summary["last_epoch"], summary["resumed_from_epoch"]) == ("max_epochs", 2, 1)
+
+
+def test_sigterm_mid_epoch_leaves_the_last_epoch_resumable(data_dir, tmp_path):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(json.dumps(TINY))
+    out = tmp_path / "term"
+    cmd = [sys.executable, "-m", "world_model.train", "--config", str(config), "--data", str(data_dir), "--out", str(out),
+           "--no-progress", "--step-delay", "0.25"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    try:
+        while not (out / "last/state.json").is_file():
+            assert proc.poll() is None and time.monotonic() < deadline, "no last/ for epoch 1"
+            time.sleep(0.02)
+        time.sleep(0.3)  # inside epoch 2
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, output
+    assert "continue with --resume" in output
+    assert json.loads((out / "last/state.json").read_text())["epoch"] >= 1
+    assert not list(out.glob(".last.tmp-*")) and not (out / "summary.json").exists()
+
+
+# ----- refusals and bad input -----
+def test_refuses_to_overwrite_or_resume_a_different_run(reference, data_dir, capsys):
+    out, _ = reference
+    before = (out / "metrics.jsonl").read_text()
+    with pytest.raises(TrainingError, match="already holds a training run"):
+        train(copy.deepcopy(TINY), data_dir, out, progress=False)
+    changed = copy.deepcopy(TINY)
+    changed["training"]["lr"] = 1e-3
+    with pytest.raises(TrainingError, match="training.lr"):
+        train(changed, data_dir, out, resume=True, progress=False)
+    with pytest.raises(TrainingError, match="train_subset"):
+        train(copy.deepcopy(TINY), data_dir, out, resume=True, train_subset=10, progress=False)
+    assert (out / "metrics.jsonl").read_text() == before
+    # a finished run resumed with the same config has nothing left to do
+    assert train(copy.deepcopy(TINY), data_dir, out, resume=True, progress=False)["last_epoch"] == 4
+    assert (out / "metrics.jsonl").read_text() == before
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"train_subset": 0}, TrainingError, "train-subset"),
+        ({"max_minutes": 0}, TrainingError, "max-minutes"),
+        ({"max_minutes": -1.0}, TrainingError, "max-minutes"),
+        ({"max_epochs": 0}, ConfigError, "max_epochs"),
+    ],
+)
+def test_bad_arguments_fail_before_training(data_dir, tmp_path, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        train(copy.deepcopy(TINY), data_dir, tmp_path / "out", progress=False, **kwargs)
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_config_and_data_fail_before_training(data_dir, tmp_path, capsys):
+    bad = copy.deepcopy(TINY)
+    bad["model"]["d_z"] = 3
+    with pytest.raises(ConfigError, match="d_z"):
+        train(bad, data_dir, tmp_path / "a", progress=False)
+    bad = copy.deepcopy(TINY)
+    bad["training"]["learning_rate"] = 0.1
+    with pytest.raises(ConfigError, match="learning_rate"):
+        train(bad, data_dir, tmp_path / "a", progress=False)
+    with pytest.raises(ConfigError, match="training.lr must be float"):
+        validate_config({"training": {"lr": "fast"}})
+    with pytest.raises(ConfigError, match="vocabulary"):
+        validate_config({"model": {"vocab_size": 10}})
+    with pytest.raises(ConfigError, match="dropout"):
+        validate_config({"model": {"dropout": 2.0}})
+    assert validate_config({"training": {"lr": "3e-4"}})["training"]["lr"] == 3e-4  # PyYAML reads 3e-4 as a string
+    no_val = make_data(tmp_path / "noval")
+    for name in (VAL_NAME, TEST_NAME):
+        (no_val / name).unlink()
+    with pytest.raises(DataError, match="validation"):
+        train(copy.deepcopy(TINY), no_val, tmp_path / "b", progress=False)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    config = tmp_path / "bad.yaml"
+    config.write_text("model: {type: four_tensor}\ntrainng: {lr: 0.1}\n")
+    assert train_mod.main(["--config", str(config), "--data", str(data_dir), "--out", str(tmp_path / "c")]) == 1
+    assert "trainng" in capsys.readouterr().err
+
+
+def test_shipped_configs_load():
+    cpu = load_config(REPO / "configs/world_model/cpu.yaml")
+    assert (cpu["model"]["d_x"], cpu["model"]["d_t"], cpu["model"]["n_heads"], cpu["model"]["n_layers"]) == (16, 8, 4, 2)
+    assert cpu["training"]["max_epochs"] == 30 and cpu["training"]["lr"] == 3e-4
+    for name, heads, layers in (("paper_h2_l2", 2, 2), ("paper_h4_l2", 4, 2), ("paper_h4_l3", 4, 3)):
+        c = load_config(REPO / f"configs/world_model/{name}.yaml")
+        assert (c["model"]["d_x"], c["model"]["d_t"], c["model"]["n_heads"], c["model"]["n_layers"]) == (64, 32, heads, layers)
+        assert (c["training"]["max_epochs"], c["training"]["patience"], c["training"]["tolerance"]) == (100, 5, 1.01)
+
+
+# ----- registry and evaluation -----
+def test_registry_builds_loads_and_asks_for_the_vocab_size(monkeypatch):
+    model = build_model({"type": "four_tensor", "d_x": 4, "d_t": 2, "n_heads": 1, "n_layers": 1}, vocab_size=9)
+    assert model.config.vocab_size == 9
+    with pytest.raises(ValueError, match="unknown model type"):
+        build_model({"type": "nope"}, vocab_size=9)
+    vocab = Vocabulary(["<pad>", "<unk>", "a", "b"])
+    assert model_vocab_size("four_tensor", vocab) == 4
+
+    class Wider(FourTensorModel):
+        @classmethod
+        def vocab_size_for(cls, vocab):
+            return len(vocab) + 2
+
+    monkeypatch.setitem(MODEL_TYPES, "wider", (MODEL_TYPES["four_tensor"][0], Wider))
+    assert model_vocab_size("wider", vocab) == 6
+
+
+def test_load_model_rejects_unknown_types(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mystery"}))
+    with pytest.raises(CheckpointError, match="mystery"):
+        load_model(tmp_path)
+
+
+def test_optimizer_state_round_trip():
+    model = build_model({"d_x": 2, "d_t": 2, "n_heads": 1, "n_layers": 1}, vocab_size=5)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model.training_step(torch.randint(0, 5, (2, 5, 16))).loss.backward()
+    opt.step()
+    tensors, meta = flatten_optimizer_state(opt.state_dict())
+    meta = json.loads(json.dumps(meta))
+    restored = unflatten_optimizer_state(tensors, meta)
+    fresh = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    fresh.load_state_dict(restored)
+    a, b = opt.state_dict(), fresh.state_dict()
+    assert a["param_groups"] == b["param_groups"]
+    assert all(torch.equal(a["state"][i][k], b["state"][i][k]) for i in a["state"] for k in a["state"][i])
+
+
+def test_evaluate_cli_matches_the_best_epoch(reference, data_dir, tmp_path, capsys):
+    out, summary = reference
+    result_path = tmp_path / "eval.json"
+    assert evaluate_main(["--checkpoint", str(out / "best"), "--data", str(data_dir), "--out", str(result_path),
+                          "--batch-size", str(TINY["training"]["eval_batch_size"]), "--device", "cpu"]) == 0
+    result = json.loads(result_path.read_text())
+    assert set(result) >= {"val_last_ce", "val_token_accuracy", "val_perplexity", "val_window_loss", "validation_windows",
+                           "last_tokens", "checkpoint", "model_type", "parameters"}
+    best = summary["best_metrics"]
+    assert result["val_last_ce"] == pytest.approx(best["val_last_ce"], rel=1e-6)
+    assert result["val_window_loss"] == pytest.approx(best["val_window_loss"], rel=1e-6)
+    assert result["val_token_accuracy"] == best["val_token_accuracy"]
+    assert (result["validation_windows"], result["model_type"], result["parameters"]) == (10, "four_tensor", summary["parameters"])
+    assert result["last_tokens"] == summary["corpus_statistics"]["validation_last_sentence_tokens"]
+    assert "val_last_ce" in capsys.readouterr().out
+
+    # words the checkpoint never saw are scored as <unk> and counted
+    other = tmp_path / "other"
+    other.mkdir()
+    write_csv(other / VAL_NAME, CLOZE_COLUMNS, [["z1", "Zed flew.", "Zed ran.", "Tom sat.", "Ann ate.", "Bob sang home.", "Sue ran.", "1"]])
+    assert evaluate_main(["--checkpoint", str(out / "best"), "--data", str(other), "--out", str(result_path), "--device", "cpu"]) == 0
+    assert json.loads(result_path.read_text())["unknown_tokens"] == 3  # zed, flew, zed
+    assert evaluate_main(["--checkpoint", str(tmp_path), "--data", str(data_dir)]) == 1
