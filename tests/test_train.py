@@ -378,3 +378,20 @@ def test_evaluate_cli_matches_the_best_epoch(reference, data_dir, tmp_path, caps
     assert evaluate_main(["--checkpoint", str(out / "best"), "--data", str(other), "--out", str(result_path), "--device", "cpu"]) == 0
     assert json.loads(result_path.read_text())["unknown_tokens"] == 3  # zed, flew, zed
     assert evaluate_main(["--checkpoint", str(tmp_path), "--data", str(data_dir)]) == 1
+
+
+def test_the_baseline_trains_and_evaluates_through_the_same_commands(data_dir, tmp_path, capsys):
+    config = copy.deepcopy(TINY)
+    config["model"] = {"type": "baseline", "d_x": 4, "d_t": 2, "n_heads": 2, "n_layers": 1, "dropout": 0.1}
+    config["training"]["max_epochs"] = 2
+    summary = train(config, data_dir, tmp_path / "run", progress=False)
+    model = load_model(tmp_path / "run" / "best")
+    vocab = Vocabulary.load(tmp_path / "run" / "best")
+    assert type(model).__name__ == "BaselineModel" and model.config.content_vocab_size == len(vocab)
+    assert model.config.vocab_size == len(vocab) + 2
+    result_path = tmp_path / "eval.json"
+    assert evaluate_main(["--checkpoint", str(tmp_path / "run" / "best"), "--data", str(data_dir),
+                          "--out", str(result_path), "--batch-size", "4"]) == 0
+    result = json.loads(result_path.read_text())
+    assert result["model_type"] == "baseline"
+    assert result["val_last_ce"] == pytest.approx(summary["best_metrics"]["val_last_ce"], rel=1e-6)

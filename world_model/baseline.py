@@ -70,6 +70,11 @@ class BaselineConfig:
         if self.positions not in ("sinusoidal", "learned"):
             raise ValueError(f"positions must be 'sinusoidal' or 'learned', got {self.positions!r}")
 
+    @classmethod
+    def from_vocabulary(cls, vocab_size: int, **hyper) -> "BaselineConfig":
+        """The config for a content vocabulary of `vocab_size` ids; [BOS] and [EOS] are added after it."""
+        return cls(content_vocab_size=vocab_size, **hyper)
+
     @property
     def d(self) -> int:
         """Model width, the joint fiber product d_x * d_t (section 7.3)."""

@@ -116,7 +116,7 @@ def validate_config(config: Any, source: str = "config") -> dict:
     # Let the config class check its own ranges (d_x >= 1, dropout in [0, 1], ...) before any data is read.
     config_class, _ = MODEL_TYPES[model_type]
     try:
-        config_class(vocab_size=2, **{k: v for k, v in out["model"].items() if k != "type"})
+        config_class.from_vocabulary(2, **{k: v for k, v in out["model"].items() if k != "type"})
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{source}: bad model section: {err}") from err
     return copy.deepcopy(out)

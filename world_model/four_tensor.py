@@ -66,6 +66,11 @@ class FourTensorConfig:
         return {"model_type": "four_tensor", **asdict(self)}
 
     @classmethod
+    def from_vocabulary(cls, vocab_size: int, **hyper) -> "FourTensorConfig":
+        """The config for a vocabulary of `vocab_size` ids (the table size) and the given hyper-parameters."""
+        return cls(vocab_size=vocab_size, **hyper)
+
+    @classmethod
     def from_dict(cls, data: dict) -> "FourTensorConfig":
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})

@@ -13,12 +13,16 @@ from typing import Any
 from torch import nn
 
 from world_model.checkpoint import CheckpointError, read_config_dict, resolve_folder
+from world_model.baseline import BaselineConfig, BaselineModel
 from world_model.four_tensor import FourTensorConfig, FourTensorModel
 
-MODEL_TYPES: dict[str, tuple[type, type]] = {"four_tensor": (FourTensorConfig, FourTensorModel)}
+MODEL_TYPES: dict[str, tuple[type, type]] = {
+    "four_tensor": (FourTensorConfig, FourTensorModel),
+    "baseline": (BaselineConfig, BaselineModel),
+}
 DEFAULT_MODEL_TYPE = "four_tensor"
 # Config fields that come from the data, never from a config file.
-DATA_FIELDS = ("vocab_size", "padding_idx", "unknown_idx")
+DATA_FIELDS = ("vocab_size", "content_vocab_size", "padding_idx", "unknown_idx")
 
 
 def register_model(model_type: str, config_class: type, model_class: type) -> None:
@@ -53,7 +57,7 @@ def build_model(model_section: dict[str, Any], vocab_size: int) -> nn.Module:
     if data_keys:
         raise ValueError(f"model section must not set {data_keys}: they come from the vocabulary")
     try:
-        config = config_class(vocab_size=vocab_size, **section)
+        config = config_class.from_vocabulary(vocab_size, **section)
     except TypeError as err:  # unknown keyword
         raise ValueError(f"bad model section for type {model_type!r}: {err}") from err
     return model_class(config)
