@@ -1,0 +1,35 @@
+"""The text-level prediction command on a tiny checkpoint saved by the test."""
+import json
+
+import torch
+
+from world_model.four_tensor import FourTensorConfig, FourTensorModel
+from world_model.predict import main, predict
+from world_model.vocab import Vocabulary
+
+
+def tiny_checkpoint(folder):
+    vocab = Vocabulary.build(["tom was hungry .", "he went to the kitchen .", "he ate a sandwich !"])
+    torch.manual_seed(0)
+    FourTensorModel(FourTensorConfig(vocab_size=len(vocab), d_x=4, d_t=2, n_heads=1, n_layers=1)).save_pretrained(folder, vocab=vocab)
+    return folder
+
+
+def test_predict_rolls_out_from_sentences(tmp_path):
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")
+    result = predict(["Tom was hungry.", "He went to the kitchen"], ckpt, steps=3)
+    assert result["window"] == ["", "", "Tom was hungry.", "He went to the kitchen."]
+    assert len(result["predictions"]) == 1 and len(result["predictions"][0]) == 3
+    assert all(isinstance(s, str) and "<unk>" not in s for s in result["predictions"][0])
+    sampled = predict(["Tom was hungry."], ckpt, steps=2, samples=4, temperature=2.0, seed=3)
+    assert sampled == predict(["Tom was hungry."], ckpt, steps=2, samples=4, temperature=2.0, seed=3)
+    assert len(sampled["predictions"]) == 4 and len({tuple(p) for p in sampled["predictions"]}) > 1
+
+
+def test_predict_cli_json_and_errors(tmp_path, capsys):
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")
+    assert main(["--checkpoint", str(ckpt), "--json", "Tom ate a zebra."]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["unknown_words"] == ["zebra"]
+    assert main(["--checkpoint", str(tmp_path / "missing"), "Tom."]) == 2
+    assert capsys.readouterr().err.startswith("error: ")

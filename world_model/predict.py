@@ -1,0 +1,73 @@
+"""Predict the next sentences of a story with a trained predictor (the semantic layer of the pipeline).
+
+    python -m world_model.predict "Tom was hungry." "He went to the kitchen." --steps 3
+    python -m world_model.predict --checkpoint DIR --samples 3 --temperature 0.8 --seed 1 "..." "..."
+
+The sentences are the observed states, oldest first; the last T of them form the window (fewer are
+left-padded with empty states). The default checkpoint is the ROCStories predictor shipped with the
+project.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from pipeline.windows import caption_window, decode_states
+from world_model.checkpoint import CheckpointError
+from world_model.models import load_model
+from world_model.vocab import Vocabulary
+
+SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "pretrained" / "rocstories-cpu"
+
+
+def predict(sentences: list[str], checkpoint: str | Path = SHIPPED_CHECKPOINT, steps: int = 1, samples: int = 1,
+            temperature: float = 0.0, top_k: int | None = None, seed: int = 0) -> dict:
+    """The predicted next `steps` sentences for each sample, with the window and its unknown words."""
+    model, vocab = load_model(checkpoint), Vocabulary.load(checkpoint)
+    c = model.config
+    window = caption_window(sentences, vocab, c.n_states, c.n_tokens)
+    generator = torch.Generator().manual_seed(seed)
+    futures = []
+    for _ in range(samples if temperature > 0 else 1):
+        ids = model.rollout(window.token_ids, steps, end_ids=vocab.end_ids, temperature=temperature,
+                            top_k=top_k, generator=generator)[0]
+        futures.append(decode_states(ids, vocab))
+    return {"checkpoint": str(checkpoint), "window": window.states, "unknown_words": window.unknown_words,
+            "predictions": futures}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m world_model.predict", description=__doc__.split("\n\n")[0])
+    parser.add_argument("sentences", nargs="+", help="observed sentences, oldest first")
+    parser.add_argument("--checkpoint", default=str(SHIPPED_CHECKPOINT), help="predictor folder (default: the shipped one)")
+    parser.add_argument("--steps", type=int, default=1, help="sentences to predict (default 1)")
+    parser.add_argument("--samples", type=int, default=1, help="alternative futures (needs --temperature > 0)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-k", type=int)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    args = parser.parse_args(argv)
+    try:
+        result = predict(args.sentences, args.checkpoint, args.steps, args.samples, args.temperature, args.top_k, args.seed)
+    except (CheckpointError, ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    for state in result["window"]:
+        print(f"  observed: {state or '(empty)'}")
+    if result["unknown_words"]:
+        print(f"  not in the vocabulary: {', '.join(result['unknown_words'])}")
+    for k, future in enumerate(result["predictions"]):
+        for step, sentence in enumerate(future, 1):
+            print(f"{'predicted' if len(result['predictions']) == 1 else f'sample {k + 1}'} +{step}: {sentence}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
