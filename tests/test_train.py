@@ -395,3 +395,19 @@ def test_the_baseline_trains_and_evaluates_through_the_same_commands(data_dir, t
     result = json.loads(result_path.read_text())
     assert result["model_type"] == "baseline"
     assert result["val_last_ce"] == pytest.approx(summary["best_metrics"]["val_last_ce"], rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "preset, four_tensor_millions, baseline_millions",
+    [("paper_h2_l2", 122.2, 175.9), ("paper_h4_l2", 172.5, 175.9), ("paper_h4_l3", 256.4, 226.2)],
+)
+def test_paper_presets_reproduce_the_reported_parameter_totals(preset, four_tensor_millions, baseline_millions):
+    from world_model.config_io import load_config
+
+    config = load_config(REPO / "configs" / "world_model" / f"{preset}.yaml")
+    with torch.device("meta"):  # nothing is allocated
+        four_tensor = build_model(config["model"], 36711)
+        shared = {k: config["model"][k] for k in ("d_x", "d_t", "n_heads", "n_layers", "dropout", "n_tokens", "n_states")}
+        baseline = build_model({**shared, "type": "baseline"}, 36711)
+    assert round(sum(p.numel() for p in four_tensor.parameters()) / 1e6, 1) == four_tensor_millions
+    assert round(sum(p.numel() for p in baseline.parameters()) / 1e6, 1) == baseline_millions
