@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import sys
 import tempfile
@@ -81,6 +82,8 @@ def pick_device(device: str | None) -> str:
 
 def prepare_run_dir(out_dir: Path, overwrite: bool) -> Path:
     """Check the destination now, before any model work, and make a staging folder beside it."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise RolloutError(f"{out_dir} is a file, not a folder; choose another --out")
     if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
         raise RolloutError(f"{out_dir} already holds files; choose another --out or pass --overwrite")
     try:
@@ -138,6 +141,7 @@ def run_rollout(
         raise RolloutError(f"--steps must be at least 1, got {steps}")
     if samples < 1:
         raise RolloutError(f"--samples must be at least 1, got {samples}")
+    check_settings(interval, num_frames, max_frames, temperature, top_k, fps)
     video = Path(video)
     out_dir = Path(out_dir) if out_dir is not None else default_out_dir(video)
     chosen, reason = choose_preset(preset) if not (captioner and renderer and predictor) else ({"name": "custom"}, "all components named")
@@ -219,6 +223,23 @@ def run_rollout(
         raise
     report(1.0, "done")
     return RolloutResult(out_dir, record, images, rendered)
+
+
+def check_settings(interval: float, num_frames: int | None, max_frames: int, temperature: float,
+                   top_k: int | None, fps: float) -> None:
+    """Refuse settings that would fail late (after the model work) or obscurely, before anything runs."""
+    if not (math.isfinite(interval) and interval > 0):
+        raise RolloutError(f"--interval must be a positive number of seconds, got {interval}")
+    if num_frames is not None and num_frames < 1:
+        raise RolloutError(f"--frames must be at least 1, got {num_frames}")
+    if max_frames < 1:
+        raise RolloutError(f"--max-frames must be at least 1, got {max_frames}")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise RolloutError(f"--temperature must be 0 (greedy) or positive, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise RolloutError(f"--top-k must be at least 1, got {top_k}")
+    if not (math.isfinite(fps) and fps > 0):
+        raise RolloutError(f"--fps must be a positive number, got {fps}")
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -306,12 +327,18 @@ def main(argv: list[str] | None = None) -> int:
             top_k=args.top_k, seed=args.seed, init_from_last_frame=args.init_from_last_frame, fps=args.fps,
             overwrite=args.overwrite,
         )
+        print(summary(result))
     except (RolloutError, PresetError, VideoError, CheckpointError, ValueError, OSError) as err:
         if args.debug:
             raise
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(summary(result))
+    except Exception as err:  # a bug or a failure nobody foresaw: one line, not a traceback
+        if args.debug:
+            raise
+        print(f"error: unexpected failure ({type(err).__name__}: {err}); rerun with --debug for the traceback",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,10 +1,10 @@
 """Offline test fixtures: a synthetic video clip and tiny random-weight models.
 
-Every model here uses the real architecture class with a tiny config and a
-tokenizer built from vocabulary files written on the spot, is saved with
-``save_pretrained`` and is meant to be loaded back through the production
-``from_pretrained`` code.  Nothing is downloaded; each builds in about a second
-on CPU.
+The BLIP, Stable Diffusion and 4-tensor builders live in ``pipeline.tiny_models`` (the benchmark
+uses them too) and are re-exported here.  Every model uses the real architecture class with a tiny
+config and a tokenizer built from vocabulary files written on the spot, is saved with
+``save_pretrained`` and is meant to be loaded back through the production ``from_pretrained``
+code.  Nothing is downloaded; each builds in about a second on CPU.
 """
 
 from __future__ import annotations
@@ -13,35 +13,30 @@ import importlib.util
 import json
 import subprocess
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import cv2
 import imageio_ffmpeg
 import numpy as np
 import torch
-from tokenizers.pre_tokenizers import ByteLevel
+
+# The models the benchmark needs too live in the package; re-exported here for the tests.
+from pipeline.tiny_models import (  # noqa: F401
+    _INIT_RANGE,
+    PREDICTOR_SENTENCES,
+    WORDS,
+    _byte_level_vocab,
+    _write_bpe_files,
+    make_tiny_blip,
+    make_tiny_predictor,
+    make_tiny_sd,
+    one_torch_thread,
+)
 
 SQUARE_SIZE = 16
 SQUARE_TOP = 8
 SQUARE_RGB = (255, 0, 0)
 BACKGROUND = 40
-# Larger than the usual 0.02 so that tiny random captioners react to the image at all.
-_INIT_RANGE = 0.2
-WORDS = "a the red square on dark background moves left right person dog car street walks runs is in of and".split()
-
-
-@contextmanager
-def one_torch_thread() -> Iterator[None]:
-    """Run torch single-threaded: tiny models gain nothing from threads, and on a shared CPU the
-    extra threads spin-wait for busy cores (10x slower here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def square_left(index: int, frame_count: int, width: int) -> int:
@@ -100,54 +95,6 @@ def run_ffmpeg(*args: str) -> None:
     subprocess.run(cmd, check=True, capture_output=True)
 
 
-def _byte_level_vocab(end_of_word: str = "") -> tuple[dict[str, int], list[str]]:
-    """A byte-level BPE vocabulary over all 256 bytes (each also with ``end_of_word`` when given) and a few merges."""
-    symbols = sorted(ByteLevel.alphabet())
-    if end_of_word:
-        symbols += [s + end_of_word for s in symbols]
-    if end_of_word:
-        merges = ["t h", "th e" + end_of_word, "r e", "re d" + end_of_word]
-    else:
-        merges = ["Ġ t", "Ġt h", "Ġth e", "r e"]
-    for merge in merges:
-        symbols.append(merge.replace(" ", ""))
-    return {s: i for i, s in enumerate(symbols)}, merges
-
-
-def _write_bpe_files(folder: Path, vocab: dict[str, int], merges: list[str]) -> tuple[str, str]:
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab_file, merges_file = folder / "vocab.json", folder / "merges.txt"
-    vocab_file.write_text(json.dumps(vocab))
-    merges_file.write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
-    return str(vocab_file), str(merges_file)
-
-
-def make_tiny_blip(folder: str | Path) -> Path:
-    """Save a random tiny ``BlipForConditionalGeneration`` (32x32 input) with its ``BlipProcessor``."""
-    from transformers import BertTokenizer, BlipConfig, BlipForConditionalGeneration, BlipImageProcessor, BlipProcessor
-
-    folder = Path(folder)
-    with tempfile.TemporaryDirectory() as tmp:
-        vocab_file = Path(tmp) / "vocab.txt"
-        vocab_file.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[DEC]", *WORDS]) + "\n")
-        # transformers 5: the vocabulary path goes in `vocab`; a `vocab_file=` keyword is silently ignored.
-        tokenizer = BertTokenizer(vocab=str(vocab_file), bos_token="[DEC]")
-    processor = BlipProcessor(image_processor=BlipImageProcessor(size={"height": 32, "width": 32}), tokenizer=tokenizer)
-    config = BlipConfig(
-        vision_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
-                           image_size=32, patch_size=8, initializer_range=_INIT_RANGE),
-        text_config=dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=37, num_hidden_layers=2,
-                         num_attention_heads=4, max_position_embeddings=64, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.sep_token_id, sep_token_id=tokenizer.sep_token_id,
-                         pad_token_id=tokenizer.pad_token_id, initializer_range=_INIT_RANGE),
-        projection_dim=32,
-    )
-    torch.manual_seed(0)
-    BlipForConditionalGeneration(config).save_pretrained(folder)
-    processor.save_pretrained(folder)
-    return folder
-
-
 def make_tiny_vit_gpt2(folder: str | Path) -> Path:
     """Save a random tiny ViT + GPT-2 ``VisionEncoderDecoderModel`` (32x32 input) with its
     ``ViTImageProcessor`` and a byte-level BPE ``GPT2Tokenizer``."""
@@ -174,42 +121,6 @@ def make_tiny_vit_gpt2(folder: str | Path) -> Path:
     model.save_pretrained(folder)
     ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    return folder
-
-
-def make_tiny_sd(folder: str | Path) -> Path:
-    """Save a random tiny ``StableDiffusionPipeline`` rendering 32x32 images by default.
-
-    UNet (8/16 channels, one cross-attention block, 16x16 latents), 2-level VAE (scale factor 2),
-    2-layer CLIP text encoder with a byte-level BPE ``CLIPTokenizer`` of 16 tokens, Euler ancestral
-    scheduler, no safety checker.
-    """
-    from diffusers import AutoencoderKL, EulerAncestralDiscreteScheduler, StableDiffusionPipeline, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
-
-    folder = Path(folder)
-    vocab, merges = _byte_level_vocab(end_of_word="</w>")
-    vocab.update({"<|startoftext|>": len(vocab), "<|endoftext|>": len(vocab) + 1})
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer = CLIPTokenizer(*_write_bpe_files(Path(tmp), vocab, merges), model_max_length=16)
-    torch.manual_seed(0)
-    text_encoder = CLIPTextModel(CLIPTextConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
-        max_position_embeddings=16, projection_dim=32, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
-    unet = UNet2DConditionModel(
-        sample_size=16, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(8, 16),
-        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-        cross_attention_dim=32, attention_head_dim=4, norm_num_groups=4)
-    vae = AutoencoderKL(
-        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16), norm_num_groups=4,
-        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2, sample_size=32)
-    scheduler = EulerAncestralDiscreteScheduler(
-        beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", steps_offset=1, timestep_spacing="trailing")
-    pipeline = StableDiffusionPipeline(
-        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet, scheduler=scheduler,
-        safety_checker=None, feature_extractor=None, requires_safety_checker=False)
-    pipeline.save_pretrained(folder)
     return folder
 
 
