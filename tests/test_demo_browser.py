@@ -1,0 +1,311 @@
+"""The Gradio demo (`apps/demo.py`): its request handler in plain Python, and the served page driven by
+Playwright in Debian's Chromium, with tiny local models (a BLIP captioner, a Stable Diffusion pipeline and a
+4-tensor predictor) built once for the module.
+
+Screenshots go to $DEMO_SCREENSHOTS when set, else to a pytest temporary folder.
+"""
+import io
+import os
+import re
+import shutil
+import socket
+import zipfile
+from pathlib import Path
+
+import gradio as gr
+import pytest
+import torch
+
+from apps import demo as demo_module
+from apps.demo import EMPTY_MESSAGE, build_demo, handle_run, launch_demo
+from tests.model_factories import make_tiny_blip, make_tiny_sd, write_test_clip
+from world_model.four_tensor import FourTensorConfig, FourTensorModel
+from world_model.vocab import Vocabulary
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+WORDS = ["a red square moves to the right .", "the square stops at the wall .", "a ball falls down ."]
+RUN_TIMEOUT_MS = 60_000
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory):
+    return write_test_clip(tmp_path_factory.mktemp("clip") / "square.mp4", seconds=3.0, fps=10)
+
+
+@pytest.fixture
+def not_a_video(tmp_path):
+    path = tmp_path / "notes.mp4"
+    path.write_text("these are my notes, not a video\n" * 20)
+    return path
+
+
+# ---------------------------------------------------------------- the request handler, without a browser
+
+
+@pytest.fixture
+def no_rollout(monkeypatch):
+    """Fail the test if a request that should be refused reaches the models."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("run_rollout was called")
+
+    monkeypatch.setattr(demo_module, "run_rollout", refuse)
+
+
+def test_empty_upload_asks_for_a_clip(no_rollout):
+    with pytest.raises(gr.Error, match=re.escape(EMPTY_MESSAGE)):
+        handle_run(None, 2)
+
+
+@pytest.mark.parametrize("steps", [0, 11, 2.5])
+def test_steps_out_of_range_are_refused(clip, no_rollout, steps):
+    with pytest.raises(gr.Error, match=r"Steps must be a whole number from 1 to 10; got"):
+        handle_run(str(clip), steps)
+
+
+def test_oversize_file_is_refused_before_any_work(clip, no_rollout, monkeypatch):
+    monkeypatch.setattr(demo_module, "MAX_FILE_MB", 0.001)  # 1 KiB; the test clip is larger
+    with pytest.raises(gr.Error) as caught:
+        handle_run(str(clip), 2)
+    assert re.fullmatch(r"square\.mp4 is [\d.]+ MB; the limit is 0\.001 MB\. Trim or re-encode the clip and "
+                        r"upload it again\.", caught.value.message)
+    with pytest.raises(gr.Error, match="the limit is 0.002 MB"):  # the app's own setting wins
+        handle_run(str(clip), 2, defaults={"max_file_mb": 0.002})
+
+
+def test_too_long_clip_is_refused_before_any_work(clip, no_rollout, monkeypatch):
+    monkeypatch.setattr(demo_module, "MAX_DURATION_S", 1.0)
+    with pytest.raises(gr.Error) as caught:
+        handle_run(str(clip), 2)
+    assert caught.value.message == "square.mp4 is 3.0 s long; the limit is 1.0 s. Trim the clip and upload it again."
+    assert demo_module.format_duration(754) == "12 min 34 s" and demo_module.format_duration(600) == "10 min"
+
+
+def test_not_a_video_is_a_readable_error_without_the_server_path(not_a_video, no_rollout):
+    with pytest.raises(gr.Error) as caught:
+        handle_run(str(not_a_video), 2)
+    message = caught.value.message
+    assert message.startswith("Cannot read notes.mp4 as a video: it is not a video file")
+    assert str(not_a_video.parent) not in message
+
+
+def test_upload_status_describes_the_clip_or_says_why_not(clip, not_a_video, monkeypatch):
+    assert demo_module.on_upload(str(clip), {}) == "Clip square.mp4: 3.0 s, 160×96, 10 fps. Press **Run rollout**."
+    assert demo_module.on_upload(str(not_a_video), {}).startswith("**Cannot use this clip:** Cannot read notes.mp4")
+    monkeypatch.setattr(demo_module, "MAX_DURATION_S", 1.0)
+    assert "the limit is 1.0 s" in demo_module.on_upload(str(clip), {})
+    assert demo_module.on_upload(None, {}) == demo_module.READY_MESSAGE
+
+
+def test_examples_are_offered_only_when_the_folder_has_clips(clip, tmp_path):
+    def example_components(folder):
+        app = build_demo({"examples_dir": str(folder)})
+        return [c for c in app.config["components"] if c.get("props", {}).get("label") == "Bundled examples"]
+
+    assert example_components(tmp_path / "absent") == []
+    (tmp_path / "examples").mkdir()
+    shutil.copy(clip, tmp_path / "examples" / "square.mp4")
+    assert len(example_components(tmp_path / "examples")) == 1
+
+
+def test_pipeline_errors_become_readable_messages_and_leave_no_folder(clip, tmp_path, monkeypatch):
+    from pipeline.presets import PresetError
+
+    def missing_pack(*args, **kwargs):
+        raise PresetError("the offline model pack is not in this installation")
+
+    monkeypatch.setattr(demo_module, "run_rollout", missing_pack)
+    with pytest.raises(gr.Error) as caught:
+        handle_run(str(clip), 2, preset="offline", defaults={"temp_root": tmp_path / "runs"})
+    assert caught.value.message == "the offline model pack is not in this installation"
+    assert list((tmp_path / "runs").iterdir()) == []
+
+
+# ---------------------------------------------------------------- the served page, in Chromium
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    vocab = Vocabulary.build(WORDS)
+    torch.manual_seed(0)
+    predictor = FourTensorModel(FourTensorConfig(vocab_size=len(vocab), d_x=4, d_t=2, n_heads=1, n_layers=1))
+    predictor.save_pretrained(root / "predictor", vocab=vocab)
+    return {"captioner": str(make_tiny_blip(root / "blip")), "renderer": str(make_tiny_sd(root / "sd")),
+            "predictor": str(root / "predictor")}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def chromium_present():
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is absent (apt-get install chromium) so the browser tests cannot run")
+
+
+@pytest.fixture(scope="module")
+def server(chromium_present, models, tmp_path_factory):
+    """The app on a free localhost port, served from a background thread; yields (url, temp_root)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models; extra threads only spin on a shared CPU
+    temp_root = tmp_path_factory.mktemp("demo-runs")
+    defaults = {**models, "temp_root": str(temp_root), "steps": 3}
+    app = build_demo(defaults)
+    _, url, _ = launch_demo(app, defaults, port=free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        yield url, temp_root
+    finally:
+        app.close()
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def browser(server):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory):
+    folder = Path(os.environ.get("DEMO_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def open_page(browser, url):
+    """A page in a fresh context (its own cookies and Gradio session); nothing outside localhost loads."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.route(re.compile(r"^https?://(?!127\.0\.0\.1[:/]|localhost[:/])"), lambda route: route.abort())
+    page = context.new_page()
+    page.set_default_timeout(RUN_TIMEOUT_MS)
+    page.goto(url, wait_until="domcontentloaded")
+    page.locator("#run").wait_for()
+    return page
+
+
+def upload(page, path):
+    page.locator("#clip input[type=file]").set_input_files(str(path))
+
+
+def set_steps(page, steps):
+    box = page.locator("#steps input[type=number]")
+    box.fill(str(steps))
+    box.press("Enter")
+
+
+def wait_done(page):
+    page.locator("#status", has_text="Done").wait_for()
+    return page.locator("#status").inner_text()
+
+
+def run_folder(status: str) -> str:
+    return re.search(r"Run folder: (\S+)", status).group(1)
+
+
+def check_results(page, steps):
+    """Captions, predicted sentences, rendered images, a playable video and the zip are on the page."""
+    observed = page.locator("#observed")
+    assert observed.locator("img").count() == 3, "one image per sampled second of the 3 s clip"
+    captions = observed.inner_text()
+    assert all(f"t={t}.0s:" in captions for t in range(3)), captions
+    rows = page.locator("#predicted tbody tr")
+    assert rows.count() == steps
+    assert [rows.nth(k).locator("td").first.inner_text() for k in range(steps)] == [str(s + 1) for s in range(steps)]
+    assert all(rows.nth(k).locator("td").nth(1).inner_text().strip() for k in range(steps))
+    rendered = page.locator("#rendered")
+    assert rendered.locator("img").count() == steps
+    assert all(f"step {s + 1}:" in rendered.inner_text() for s in range(steps))
+    page.wait_for_function("""() => { const v = document.querySelector('#rollout_video video');
+                                      return v && v.readyState >= 1 && v.duration > 0; }""")
+    assert page.evaluate("document.querySelector('#rollout_video video').error") is None
+    link = page.locator("#run_zip a[href*='.zip']").first
+    response = page.request.get(link.get_attribute("href"))
+    assert response.ok
+    names = zipfile.ZipFile(io.BytesIO(response.body())).namelist()
+    assert any(n.endswith("/rollout.json") for n in names) and any(n.endswith("/rollout.mp4") for n in names)
+    assert "Traceback" not in page.content()
+
+
+def test_upload_and_run_shows_every_output(server, browser, clip, shots):
+    url, temp_root = server
+    page = open_page(browser, url)
+    upload(page, clip)
+    set_steps(page, 2)
+    page.locator("#run").click()
+    # run_rollout's progress messages reach the page through gr.Progress (the first run also loads the models)
+    stage = re.compile(r"loading models|captioning \d+ frames|predicting|rendering 2 predicted")
+    page.get_by_text(stage).first.wait_for()
+    status = wait_done(page)
+    check_results(page, steps=2)
+    assert (temp_root / run_folder(status)).is_dir()
+    page.locator("#rendered").scroll_into_view_if_needed()
+    page.screenshot(path=shots / "rollout.png", full_page=True)
+    page.context.close()
+
+
+def test_text_file_named_mp4_gives_a_readable_error(server, browser, not_a_video, shots):
+    url, _ = server
+    page = open_page(browser, url)
+    upload(page, not_a_video)
+    status = page.locator("#status", has_text="Cannot use this clip")
+    status.wait_for()  # said as soon as the upload lands
+    assert "Cannot read notes.mp4 as a video: it is not a video file" in status.inner_text()
+    page.locator("#run").click()
+    toast = page.locator(".toast-body", has_text="Cannot read notes.mp4 as a video")
+    toast.wait_for()
+    text = toast.inner_text()
+    assert "it is not a video file" in text and "Traceback" not in text and "/tmp" not in text
+    assert "Traceback" not in page.content()
+    assert "Error" not in page.locator("#observed").inner_text(), "a refused request leaves the outputs alone"
+    page.wait_for_timeout(500)  # the toast fades in
+    page.screenshot(path=shots / "not_a_video.png", full_page=True)
+    page.context.close()
+
+
+def test_pipeline_error_is_shown_as_its_message(server, browser, clip):
+    url, temp_root = server
+    before = set(temp_root.iterdir())
+    page = open_page(browser, url)
+    upload(page, clip)
+    page.locator("#preset input").click()
+    page.get_by_role("option", name="offline", exact=True).click()
+    page.locator("#run").click()
+    page.locator(".toast-body", has_text="offline model pack is not in this installation").wait_for()
+    page.locator("#status", has_text="The rollout failed").wait_for()
+    assert "Traceback" not in page.content()
+    assert set(temp_root.iterdir()) == before, "a failed request leaves no folder behind"
+    page.context.close()
+
+
+def test_run_without_a_clip_asks_for_one(server, browser):
+    url, _ = server
+    page = open_page(browser, url)
+    page.locator("#run").click()
+    page.locator(".toast-body", has_text=EMPTY_MESSAGE).wait_for()
+    assert "Traceback" not in page.content()
+    page.context.close()
+
+
+def test_two_people_at_once_get_their_own_results(server, browser, clip):
+    url, temp_root = server
+    pages = [open_page(browser, url) for _ in range(2)]
+    for page, steps in zip(pages, (1, 2)):
+        upload(page, clip)
+        set_steps(page, steps)
+    for page in pages:
+        page.locator("#run").click()
+    statuses = [wait_done(page) for page in pages]
+    folders = [run_folder(s) for s in statuses]
+    assert folders[0] != folders[1] and all((temp_root / f).is_dir() for f in folders)
+    for page, steps in zip(pages, (1, 2)):
+        check_results(page, steps)
+        page.context.close()
