@@ -1,0 +1,278 @@
+"""The Table 5 benchmark (world_model/benchmark.py) on a tiny ROCStories fixture with a tiny preset."""
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tests.test_train import TRAIN_NAME, make_data
+from world_model import benchmark as bench
+from world_model import train as train_mod
+
+TINY_PRESET = {
+    "pairs": {"h1_l1": {"n_heads": 1, "n_layers": 1}, "h2_l1": {"n_heads": 2, "n_layers": 1}},
+    "model": {"d_x": 4, "d_t": 2, "dropout": 0.1},
+    "training": {"batch_size": 8, "eval_batch_size": 4, "max_epochs": 2, "seed": 1},
+    "budget": {"train_subset": 24, "max_minutes": None},
+}
+PAPER_TOTALS_M = {("h2_l2", "four_tensor"): 122.2, ("h4_l2", "four_tensor"): 172.5, ("h4_l3", "four_tensor"): 256.4,
+                  ("h2_l2", "baseline"): 175.9, ("h4_l2", "baseline"): 175.9, ("h4_l3", "baseline"): 226.2}
+
+
+def write_preset(path: Path, preset: dict = TINY_PRESET) -> Path:
+    path.write_text(yaml.safe_dump(preset))
+    return path
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return make_data(tmp_path_factory.mktemp("rocstories"))
+
+
+@pytest.fixture(scope="module")
+def preset(tmp_path_factory):
+    return write_preset(tmp_path_factory.mktemp("preset") / "tiny.yaml")
+
+
+@pytest.fixture(scope="module")
+def finished(data_dir, preset, tmp_path_factory):
+    """One whole benchmark through the command line: (out folder, results.json)."""
+    out = tmp_path_factory.mktemp("bench") / "out"
+    assert bench.main(["--preset", str(preset), "--data", str(data_dir), "--out", str(out), "--no-progress"]) == 0
+    return out, json.loads((out / "results.json").read_text())
+
+
+def summary(out: Path, name: str) -> dict:
+    return json.loads((out / "runs" / name / "summary.json").read_text())
+
+
+def no_training(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(train_mod, "train", refuse)
+
+
+# ----- a whole benchmark -----
+def test_writes_one_row_per_pair_and_model_and_the_reports(finished, preset):
+    out, results = finished
+    assert [(r["pair"], r["model_type"]) for r in results["runs"]] == [
+        ("h1_l1", "four_tensor"), ("h1_l1", "baseline"), ("h2_l1", "four_tensor"), ("h2_l1", "baseline")]
+    assert results["complete"] and [p["pair"] for p in results["pairs"]] == ["h1_l1", "h2_l1"]
+    for r in results["runs"]:
+        s = summary(out, bench.run_name(r["pair"], r["model_type"]))
+        assert (r["parameters"], r["best_epoch"], r["last_epoch"], r["stop_reason"]) == (
+            s["parameters"], s["best_epoch"], s["last_epoch"], s["stop_reason"])
+        assert r["val_last_ce"] == s["best_metrics"]["val_last_ce"]
+        assert r["val_token_accuracy"] == s["best_metrics"]["val_token_accuracy"]
+        assert s["config"]["model"]["type"] == r["model_type"]
+        assert (s["config"]["model"]["n_heads"], s["config"]["model"]["n_layers"]) == (r["n_heads"], r["n_layers"])
+        # the per-epoch history is the run's own metrics.jsonl, and the windows/s come from it
+        lines = (out / r["run_dir"] / "metrics.jsonl").read_text().splitlines()
+        assert r["history"] == [json.loads(line) for line in lines] and len(lines) == s["last_epoch"]
+        seconds = sum(h["train_seconds"] for h in r["history"])
+        assert r["train_windows_per_second"] == pytest.approx(s["train_windows"] * len(lines) / seconds)
+        assert r["train_windows"] == 24 and r["stopped_by"] == "epoch cap"
+    # parameters differ across pairs (H enters the 4-tensor count, not the baseline's)
+    params = {(r["pair"], r["model_type"]): r["parameters"] for r in results["runs"]}
+    assert params[("h1_l1", "four_tensor")] < params[("h2_l1", "four_tensor")]
+    assert params[("h1_l1", "baseline")] == params[("h2_l1", "baseline")]
+    md = (out / "results.md").read_text()
+    table = [line for line in md.splitlines() if line.startswith(("| h1_l1 ", "| h2_l1 "))]
+    assert len(table) == 4 + 2  # one row per run, one per pair
+    assert "epoch cap" in md and "python -m world_model.benchmark --preset" in md
+    assert (out / "ls4_per_epoch.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert results["command"].startswith("python -m world_model.benchmark --preset " + str(preset))
+    assert results["corpus_statistics"]["train_stories"] == 40 and results["validation_windows"] == 10
+    assert results["machine"]["torch"] == torch.__version__ and results["machine"]["torch_threads"] >= 1
+
+
+def test_delta_and_time_ratio_come_from_the_runs_own_summaries(finished):
+    out, results = finished
+    for p in results["pairs"]:
+        four, base = summary(out, f"{p['pair']}_four_tensor"), summary(out, f"{p['pair']}_baseline")
+        assert p["delta_last_ce"] == base["best_metrics"]["val_last_ce"] - four["best_metrics"]["val_last_ce"]
+        assert p["time_to_best_ratio"] == base["wall_seconds_to_best"] / four["wall_seconds_to_best"]
+        assert p["total_time_ratio"] == base["wall_seconds_total"] / four["wall_seconds_total"]
+        assert p["delta_last_ce"] != 0  # two different models: the sign of the subtraction is observable
+        assert f"| {p['pair']} | {p['delta_last_ce']:+.4f} |" in (out / "results.md").read_text()
+
+
+def test_the_two_runs_of_a_pair_are_matched(finished):
+    out, results = finished
+    for p in results["pairs"]:
+        assert p["matched"] and p["mismatches"] == []
+        four = json.loads((out / "runs" / f"{p['pair']}_four_tensor" / "run.json").read_text())
+        base = json.loads((out / "runs" / f"{p['pair']}_baseline" / "run.json").read_text())
+        assert four["config"]["training"] == base["config"]["training"]
+        assert four["train_subset"] == base["train_subset"] == 24
+        assert (four["train_windows"], four["validation_windows"]) == (base["train_windows"], base["validation_windows"])
+        for key in bench.SHARED_MODEL_KEYS:
+            assert four["config"]["model"][key] == base["config"]["model"][key]
+    # a mismatch is reported, not hidden
+    rows = {r["model_type"]: dict(r) for r in results["runs"] if r["pair"] == "h1_l1"}
+    rows["baseline"]["config"] = json.loads(json.dumps(rows["baseline"]["config"]))
+    rows["baseline"]["config"]["training"]["lr"] = 1.0
+    record = bench.pair_record("h1_l1", rows)
+    assert not record["matched"] and any("lr" in m for m in record["mismatches"])
+
+
+# ----- the paper-preset parameter check -----
+def test_paper_parameter_totals_on_the_meta_device(monkeypatch):
+    devices = []
+    real = bench.build_model
+
+    def spy(section, vocab_size):
+        model = real(section, vocab_size)
+        devices.append({p.device.type for p in model.parameters()})
+        assert vocab_size == 36_711
+        return model
+
+    monkeypatch.setattr(bench, "build_model", spy)
+    start = time.monotonic()
+    rows = bench.paper_parameter_check()
+    assert time.monotonic() - start < 20
+    assert devices == [{"meta"}] * 6  # nothing allocated: ~1.4G parameters in all
+    assert {(r["pair"], r["model_type"]): r["parameters_m"] for r in rows} == PAPER_TOTALS_M
+    assert all(r["match"] and r["paper_m"] == PAPER_TOTALS_M[(r["pair"], r["model_type"])] for r in rows)
+    exact = {(r["pair"], r["model_type"]): r["parameters"] for r in rows}
+    assert exact[("h2_l2", "baseline")] == exact[("h4_l2", "baseline")] == 175_892_480
+    assert exact[("h4_l3", "baseline")] == 226_242_560
+
+
+def test_results_carry_the_paper_check(finished):
+    out, results = finished
+    check = {(c["pair"], c["model_type"]): c for c in results["paper_parameter_check"]}
+    assert {k: c["parameters_m"] for k, c in check.items()} == PAPER_TOTALS_M and all(c["match"] for c in check.values())
+    assert "| h4_l2 | 4-tensor | 172,512,128 | 172.5M | 172.5M | yes |" in (out / "results.md").read_text()
+
+
+def test_presets_share_the_paper_matching_rule():
+    paper, cpu = bench.load_preset("paper"), bench.load_preset("cpu")
+    for p in (paper, cpu):
+        assert p["pairs"] == {"h2_l2": {"n_heads": 2, "n_layers": 2}, "h4_l2": {"n_heads": 4, "n_layers": 2},
+                              "h4_l3": {"n_heads": 4, "n_layers": 3}}
+        for pair in p["pairs"]:
+            four, base = (bench.run_config(p, pair, t) for t in bench.MODELS)
+            assert four["training"] == base["training"]
+            assert all(four["model"][k] == base["model"][k] for k in bench.SHARED_MODEL_KEYS)
+            assert (four["training"]["lr"], four["training"]["weight_decay"], four["training"]["patience"],
+                    four["training"]["tolerance"], four["model"]["dropout"]) == (3e-4, 0.01, 5, 1.01, 0.1)
+    assert (paper["model"]["d_x"], paper["model"]["d_t"], paper["training"]["max_epochs"]) == (64, 32, 100)
+    assert (cpu["model"]["d_x"], cpu["model"]["d_t"]) == (16, 8)
+    assert cpu["budget"]["max_minutes"] <= 60 and cpu["budget"]["train_subset"] >= 1
+    assert paper["budget"] == {"train_subset": None, "max_minutes": None}
+
+
+# ----- bad input: an error before any training -----
+def test_unknown_preset_or_pair_and_bad_data_are_errors_before_training(data_dir, preset, tmp_path, monkeypatch, capsys):
+    no_training(monkeypatch)
+    only_train = tmp_path / "only_train"
+    only_train.mkdir()
+    shutil.copy(data_dir / TRAIN_NAME, only_train / TRAIN_NAME)
+    cases = [
+        (["--preset", "no_such_preset", "--data", str(data_dir)], "unknown preset 'no_such_preset'"),
+        (["--preset", str(tmp_path / "missing.yaml"), "--data", str(data_dir)], "not found"),
+        (["--preset", str(preset), "--data", str(data_dir), "--pairs", "h1_l1,h9_l9"], "unknown pair(s) ['h9_l9']"),
+        (["--preset", "cpu", "--data", str(data_dir), "--pairs", "h1_l1"], "known pairs: h2_l2,h4_l2,h4_l3"),
+        (["--preset", str(preset), "--data", str(only_train)], "no validation file"),
+        (["--preset", str(preset), "--data", str(tmp_path / "nowhere")], "no such folder"),
+        (["--preset", str(preset), "--data", str(data_dir), "--train-subset", "0"], "positive number of stories"),
+        (["--preset", str(preset), "--data", str(data_dir), "--max-minutes", "-1"], "positive number of minutes"),
+    ]
+    for i, (args, message) in enumerate(cases):
+        out = tmp_path / f"out{i}"
+        assert bench.main(args + ["--out", str(out), "--no-progress"]) == 1, args
+        assert message in capsys.readouterr().err, args
+        assert not (out / "runs").exists() and not (out / "results.json").exists()
+
+
+def test_a_budget_below_one_epoch_is_an_error_before_training(data_dir, preset, tmp_path, monkeypatch, capsys):
+    no_training(monkeypatch)
+    out = tmp_path / "out"
+    assert bench.main(["--preset", str(preset), "--data", str(data_dir), "--out", str(out), "--max-minutes", "0.0001"]) == 1
+    err = capsys.readouterr().err
+    assert "--max-minutes 0.0001 is too small" in err and "h1_l1_four_tensor" in err and "h2_l1_baseline" in err
+    assert not out.exists()
+
+
+def test_the_budget_is_split_across_the_runs_left_and_leaves_room_for_one_epoch(data_dir, preset, tmp_path, monkeypatch):
+    """Four runs, 4 minutes, 10 s estimated per epoch: the first run's share is ~60 s and it is handed 50 s; a run
+    that ends at once leaves its time to the later ones (shares ~80, ~120, ~240 s)."""
+    calls = []
+    monkeypatch.setattr(bench, "estimate_epoch_seconds", lambda config, *a, **k: 10.0)
+    monkeypatch.setattr(train_mod, "train", lambda config, data, out, **kw: calls.append(kw["max_minutes"] * 60) or Path(out).mkdir(parents=True))
+    monkeypatch.setattr(bench, "write_reports", lambda results, out: None)
+    results = bench.run_benchmark(preset, data_dir, tmp_path / "out", max_minutes=4.0, progress=False)
+    assert [round(c) for c in calls] == [50, 70, 110, 230]
+    assert all(c <= expected for c, expected in zip(calls, [50, 70, 110, 230]))  # the set-up time counts against the budget
+    assert 59 < results["settings"]["share_minutes"] * 60 <= 60
+
+
+def test_a_time_budget_is_refused_with_several_processes(data_dir, preset, tmp_path, monkeypatch, capsys):
+    no_training(monkeypatch)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    out = tmp_path / "out"
+    assert bench.main(["--preset", str(preset), "--data", str(data_dir), "--out", str(out), "--max-minutes", "30"]) == 1
+    assert "several processes" in capsys.readouterr().err and not out.exists()
+
+
+def test_refuses_an_output_folder_in_use_without_resume(finished, data_dir, preset, tmp_path, monkeypatch, capsys):
+    no_training(monkeypatch)
+    out = tmp_path / "copy"
+    shutil.copytree(finished[0], out)
+    before = (out / "results.json").read_text()
+    assert bench.main(["--preset", str(preset), "--data", str(data_dir), "--out", str(out)]) == 1
+    assert "pass --resume" in capsys.readouterr().err
+    assert (out / "results.json").read_text() == before
+
+
+# ----- --resume -----
+def test_resume_skips_finished_runs_and_resumes_interrupted_ones(finished, data_dir, preset, tmp_path, monkeypatch):
+    out = tmp_path / "copy"
+    shutil.copytree(finished[0], out)
+    first = json.loads((out / "results.json").read_text())
+    calls = []
+    real = train_mod.train
+
+    def counting(config, data, run_out, **kw):
+        calls.append((Path(run_out).name, kw["resume"]))
+        return real(config, data, run_out, **kw)
+
+    monkeypatch.setattr(train_mod, "train", counting)
+    args = ["--preset", str(preset), "--data", str(data_dir), "--out", str(out), "--resume", "--no-progress"]
+    assert bench.main(args) == 0
+    assert calls == []  # every run had finished
+    again = json.loads((out / "results.json").read_text())
+    assert [r["val_last_ce"] for r in again["runs"]] == [r["val_last_ce"] for r in first["runs"]]
+    assert all(r["skipped_by_resume"] for r in again["runs"])
+
+    # an interrupted run (no summary.json; last/ holds its epoch 2) is resumed, here under a higher epoch cap
+    (out / "runs" / "h2_l1_baseline" / "summary.json").unlink()
+    assert bench.main(args + ["--max-epochs", "3"]) == 0
+    assert calls == [("h2_l1_baseline", True)]
+    resumed = summary(out, "h2_l1_baseline")
+    assert (resumed["resumed_from_epoch"], resumed["last_epoch"]) == (2, 3)
+    final = json.loads((out / "results.json").read_text())
+    assert [r["skipped_by_resume"] for r in final["runs"]] == [True, True, True, False]
+    assert final["runs"][3]["last_epoch"] == 3 and len(final["runs"][3]["history"]) == 3
+    # the finished runs kept their cap of 2: the pair is reported as not matched, not silently mixed
+    pair = {p["pair"]: p for p in final["pairs"]}["h2_l1"]
+    assert not pair["matched"] and pair["mismatches"] == ["max_epochs: 2 -> 3"]
+    assert "h2_l1: the two runs are NOT matched" in (out / "results.md").read_text()
+
+
+def test_resume_refuses_a_different_run_before_training(finished, data_dir, preset, tmp_path, monkeypatch, capsys):
+    no_training(monkeypatch)
+    out = tmp_path / "copy"
+    shutil.copytree(finished[0], out)
+    (out / "runs" / "h1_l1_baseline" / "summary.json").unlink()
+    changed = json.loads(json.dumps(TINY_PRESET))
+    changed["training"]["lr"] = 1e-3
+    other = write_preset(tmp_path / "other.yaml", changed)
+    assert bench.main(["--preset", str(other), "--data", str(data_dir), "--out", str(out), "--resume"]) == 1
+    assert "training.lr" in capsys.readouterr().err
