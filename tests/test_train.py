@@ -224,7 +224,9 @@ def test_time_budget_stops_after_an_epoch_and_resumes(data_dir, tmp_path):
 
 def test_sigterm_mid_epoch_leaves_the_last_epoch_resumable(data_dir, tmp_path):
     config = tmp_path / "tiny.yaml"
-    config.write_text(json.dumps(TINY))
+    long_run = copy.deepcopy(TINY)
+    long_run["training"]["max_epochs"] = 50  # cannot finish before the signal, however the machine is loaded
+    config.write_text(json.dumps(long_run))
     out = tmp_path / "term"
     cmd = [sys.executable, "-m", "world_model.train", "--config", str(config), "--data", str(data_dir), "--out", str(out),
            "--no-progress", "--step-delay", "0.25"]
