@@ -38,8 +38,7 @@ from torch import nn
 
 from world_model.checkpoint import PretrainedMixin
 from world_model.four_tensor import StepStats, sinusoidal_embedding
-
-INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8)
+from world_model.inputs import INT_DTYPES, check_window
 
 
 @dataclass
@@ -256,21 +255,7 @@ class BaselineModel(PretrainedMixin, nn.Module):
     def check_window(self, token_ids: torch.Tensor, name: str = "token_ids", sentences: int | None = None) -> None:
         """Reject anything but integer content ids (B, T', N), with T' == `sentences` or else 1 <= T' <= T."""
         c = self.config
-        if not isinstance(token_ids, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(token_ids).__name__}")
-        if token_ids.dtype not in INT_DTYPES:
-            raise TypeError(f"{name} must hold integer token ids, got dtype {token_ids.dtype}")
-        want = f"{sentences}" if sentences is not None else f"1..{c.n_states}"
-        if token_ids.dim() != 3:
-            hint = " (insert the batch axis: ids[None])" if token_ids.dim() == 2 else ""
-            raise ValueError(f"{name} must have shape (B>=1, {want}, {c.n_tokens}), got {tuple(token_ids.shape)}{hint}")
-        B, T, N = token_ids.shape
-        T_ok = T == sentences if sentences is not None else 1 <= T <= c.n_states
-        if B < 1 or not T_ok or N != c.n_tokens:
-            raise ValueError(f"{name} must have shape (B>=1, {want}, {c.n_tokens}), got {tuple(token_ids.shape)}")
-        if token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= c.content_vocab_size):
-            bad = token_ids[(token_ids < 0) | (token_ids >= c.content_vocab_size)][0]
-            raise ValueError(f"{name} holds id {int(bad)}, outside the content vocabulary [0, {c.content_vocab_size})")
+        check_window(token_ids, c.n_states, c.n_tokens, c.content_vocab_size, name, sentences, "content vocabulary")
 
     def check_sequence(self, ids: torch.Tensor, lengths: torch.Tensor | None = None) -> None:
         """Packed ids (B, L) with 1 <= L <= max_len and ids in [0, V); lengths (B,) in [1, L]."""

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from world_model.checkpoint import PretrainedMixin
+from world_model.inputs import check_window
 from world_model.kernels import linear_cross_entropy
 
 
@@ -234,19 +235,7 @@ class FourTensorModel(PretrainedMixin, nn.Module):
     def check_token_ids(self, token_ids: torch.Tensor, name: str = "token_ids") -> None:
         """Reject anything that is not an integer (B, T', N) array of ids in range, with 1 <= T' <= T."""
         c = self.config
-        if not isinstance(token_ids, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(token_ids).__name__}")
-        if token_ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-            raise TypeError(f"{name} must hold integer token ids, got dtype {token_ids.dtype}")
-        if token_ids.dim() != 3:
-            hint = " (insert the batch axis: ids[None])" if token_ids.dim() == 2 else ""
-            raise ValueError(f"{name} must have shape (B, T, N) = (B, <= {c.n_states}, {c.n_tokens}), got {tuple(token_ids.shape)}{hint}")
-        B, T, N = token_ids.shape
-        if B < 1 or not 1 <= T <= c.n_states or N != c.n_tokens:
-            raise ValueError(f"{name} must have shape (B>=1, 1..{c.n_states}, {c.n_tokens}), got {tuple(token_ids.shape)}")
-        if token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= c.vocab_size):
-            bad = token_ids[(token_ids < 0) | (token_ids >= c.vocab_size)][0]
-            raise ValueError(f"{name} holds id {int(bad)}, outside the vocabulary [0, {c.vocab_size})")
+        check_window(token_ids, c.n_states, c.n_tokens, c.vocab_size, name)
 
     # ----- forward pass -----
     def build_pad_mask(self, token_ids: torch.Tensor) -> torch.Tensor:
