@@ -88,7 +88,9 @@ def prepare_run_dir(out_dir: Path, overwrite: bool) -> Path:
         raise RolloutError(f"{out_dir} already holds files; choose another --out or pass --overwrite")
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.partial-"))
+        staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.partial-"))
+        staging.chmod(0o755)  # mkdtemp makes it private; a run folder is for reading
+        return staging
     except OSError as err:
         raise RolloutError(f"cannot write the run folder {out_dir}: {err.strerror or err}") from err
 

@@ -44,6 +44,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
     with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=2)
         f.write("\n")
+    os.chmod(tmp, 0o644)  # mkstemp makes it private
     os.replace(tmp, path)
 
 
@@ -112,6 +113,7 @@ class PretrainedMixin:
         folder = Path(folder)
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.tmp-"))
+        tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is for reading
         try:
             tensors = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().cpu().contiguous()
                        for k, v in self.state_dict().items()}
@@ -122,6 +124,8 @@ class PretrainedMixin:
             write_json_atomic(tmp / CONFIG_NAME, config)
             if vocab is not None:
                 vocab.save(tmp)
+            for written in tmp.iterdir():
+                written.chmod(0o644)  # the writers above may create private files
             replace_dir(tmp, folder)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
