@@ -25,6 +25,14 @@ the 4-tensor model: a parameter-free sinusoidal code (`positions="sinusoidal"`, 
 4-tensor's Stage B), bias-free attention maps (the 4-tensor's W_Q, W_K, W_V have no bias either) and
 standard nn.Linear / nn.LayerNorm elsewhere, which totals 175,892,480 (175.9M) and 226,242,560
 (226.2M). `positions="learned"` swaps in a learned absolute table of max_len rows (+max_len * d).
+
+Attention kind (issue 7). `attention` picks the self-attention of every block from the 1-D attention
+family of the Tucker Attention paper (`world_model.attention_family`): "mha" (default), "gqa"
+(`n_kv_heads`), "mla" (`mla_kv_rank`, optional `mla_q_rank`, `mla_shared_kv`) or "tucker"
+(`tucker_ranks` (r_1, r_2, r_3) of W, optional `tucker_ranks_out` of W~), with `bitlinear` for ternary
+projections. The default (mha, no bitlinear) keeps the original `CausalSelfAttention` (one stacked W_qkv),
+so its parameter names, count and old checkpoints are unchanged; every other choice puts a causal
+`FamilyAttention` (head width d / H, no attention dropout) in its place, with that kind's KV cache.
 """
 from __future__ import annotations
 
@@ -36,6 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from world_model.attention_family import KINDS as ATTENTION_KINDS
+from world_model.attention_family import AttentionConfig, FamilyAttention
 from world_model.checkpoint import PretrainedMixin
 from world_model.four_tensor import StepStats, sinusoidal_embedding
 from world_model.inputs import INT_DTYPES, check_window
@@ -55,6 +65,15 @@ class BaselineConfig:
     dropout: float = 0.1
     padding_idx: int = 0
     positions: str = "sinusoidal"  # "sinusoidal" (parameter-free) or "learned" (absolute table)
+    # Attention kind from the family (see the module docstring); the defaults are the original model.
+    attention: str = "mha"  # "mha" | "gqa" | "mla" | "tucker"
+    n_kv_heads: int | None = None  # gqa only: key/value heads n_KV dividing n_heads (1 = MQA)
+    mla_kv_rank: int | None = None  # mla only: latent width d_c of keys/values (required)
+    mla_q_rank: int | None = None  # mla only: query latent d_c^Q; None = full-rank query map
+    mla_shared_kv: bool = False  # mla only: one latent c_KV for keys and values
+    tucker_ranks: tuple[int, int, int] | None = None  # tucker only: (r_1, r_2, r_3) of W (required)
+    tucker_ranks_out: tuple[int, int, int] | None = None  # tucker only: (r~_1, r~_2, r~_3) of W~; None = tucker_ranks
+    bitlinear: bool = False  # ternary BitLinear attention projections (always a FamilyAttention)
 
     def __post_init__(self) -> None:
         for name in ("content_vocab_size", "d_x", "d_t", "n_heads", "n_layers", "n_tokens", "n_states"):
@@ -68,6 +87,43 @@ class BaselineConfig:
             raise ValueError(f"dropout must lie in [0, 1], got {self.dropout}")
         if self.positions not in ("sinusoidal", "learned"):
             raise ValueError(f"positions must be 'sinusoidal' or 'learned', got {self.positions!r}")
+        self._check_attention()
+
+    def _check_attention(self) -> None:
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
+        for name in ("tucker_ranks", "tucker_ranks_out"):  # JSON gives lists: store tuples, so configs compare equal
+            value = getattr(self, name)
+            if value is not None:
+                if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+                    raise ValueError(f"{name} must be three positive ints, got {value!r}")
+                setattr(self, name, tuple(int(r) for r in value))
+        only = {"n_kv_heads": ("gqa", self.n_kv_heads is not None),
+                "mla_kv_rank": ("mla", self.mla_kv_rank is not None),
+                "mla_q_rank": ("mla", self.mla_q_rank is not None),
+                "mla_shared_kv": ("mla", bool(self.mla_shared_kv)),
+                "tucker_ranks": ("tucker", self.tucker_ranks is not None),
+                "tucker_ranks_out": ("tucker", self.tucker_ranks_out is not None)}
+        for name, (kind, is_set) in only.items():
+            if is_set and self.attention != kind:
+                raise ValueError(f"{name} applies only to attention={kind!r}, not attention={self.attention!r}")
+        try:
+            self.attention_config()
+        except ValueError as err:
+            raise ValueError(f"attention={self.attention!r}: {err}") from err
+
+    @property
+    def uses_family_attention(self) -> bool:
+        """False only for the default (mha, no bitlinear), which keeps the original CausalSelfAttention."""
+        return self.attention != "mha" or self.bitlinear
+
+    def attention_config(self) -> AttentionConfig:
+        """The causal family layer of each block (head width d / n_heads, no attention dropout)."""
+        return AttentionConfig(
+            d_model=self.d, n_heads=self.n_heads, kind=self.attention, n_kv_heads=self.n_kv_heads,
+            mla_q_rank=self.mla_q_rank, mla_kv_rank=self.mla_kv_rank, mla_shared_kv=self.mla_shared_kv,
+            tucker_ranks=self.tucker_ranks, tucker_ranks_out=self.tucker_ranks_out, causal=True,
+            bitlinear=self.bitlinear, dropout=0.0)
 
     @classmethod
     def from_vocabulary(cls, vocab_size: int, **hyper) -> "BaselineConfig":
@@ -158,7 +214,10 @@ def aligned_correct(tokens: torch.Tensor, gold: torch.Tensor, content: torch.Ten
 
 
 class KVCache:
-    """Keys and values of every layer for right-padded prefixes plus the tokens fed after them.
+    """The cached per-token quantities of every layer for right-padded prefixes plus the tokens fed after them.
+
+    Per layer this is (K, V) (B, H, Lk, d / H) for the default attention, else the family layer's cache,
+    a tuple of (B, Lk, c_k) tensors (K and V for mha/gqa, the latents for mla, k~ and v~ for tucker).
 
     The prefix block keeps its padding columns (masked by `live`); tokens fed later are appended as
     new columns for every row at once, so each row's sequence is prefix[:len] + fed tokens, with positions
@@ -166,7 +225,7 @@ class KVCache:
     """
 
     def __init__(self, kv: list[tuple[torch.Tensor, torch.Tensor]], live: torch.Tensor, next_pos: torch.Tensor):
-        self.kv = kv  # per layer (K, V), each (B, H, Lk, d / H)
+        self.kv = kv  # per layer: the attention's cache tuple (see above)
         self.live = live  # (B, Lk) True at real keys
         self.next_pos = next_pos  # (B,) position of the next token fed
 
@@ -208,14 +267,33 @@ class Block(nn.Module):
     def __init__(self, config: BaselineConfig):
         super().__init__()
         self.ln_attn = nn.LayerNorm(config.d)
-        self.attention = CausalSelfAttention(config)
+        if config.uses_family_attention:
+            self.attention = FamilyAttention(config.attention_config())
+        else:
+            self.attention = CausalSelfAttention(config)
         self.ln_mlp = nn.LayerNorm(config.d)
         self.fc1 = nn.Linear(config.d, config.d_ff)
         self.fc2 = nn.Linear(config.d_ff, config.d)
         self.dropout = nn.Dropout(config.dropout)  # one rate, both residual branches
 
+    def attention_output_map(self) -> nn.Linear:
+        """The attention's last linear map into the residual stream (W_O, or U~_3 for Tucker)."""
+        if isinstance(self.attention, CausalSelfAttention):
+            return self.attention.W_o
+        proj = self.attention.proj
+        return proj.o_factor if self.attention.config.kind == "tucker" else proj.W_o
+
+    def attention_parameter_count(self) -> int:
+        return sum(p.numel() for p in self.attention.parameters())
+
+    def kv_cache_size(self, seq_len: int) -> int:
+        """Numbers cached for seq_len tokens (one batch element): 2 N d for the default attention."""
+        if isinstance(self.attention, CausalSelfAttention):
+            return 2 * seq_len * self.attention.d
+        return self.attention.kv_cache_size(seq_len)
+
     def forward(self, x, past=None, attn_mask=None):
-        y, kv = self.attention(self.ln_attn(x), past, attn_mask)
+        y, kv = self.attention(self.ln_attn(x), past=past, attn_mask=attn_mask)  # both kinds take these keywords
         x = x + self.dropout(y)
         return x + self.dropout(self.fc2(F.gelu(self.fc1(self.ln_mlp(x))))), kv
 
@@ -243,8 +321,16 @@ class BaselineModel(PretrainedMixin, nn.Module):
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
         for block in self.blocks:
-            for residual_out in (block.attention.W_o, block.fc2):
+            for residual_out in (block.attention_output_map(), block.fc2):
                 nn.init.normal_(residual_out.weight, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layers))
+
+    def attention_parameter_count(self) -> int:
+        """Parameters of the attention maps of all layers (4 d^2 per layer for the default mha)."""
+        return sum(block.attention_parameter_count() for block in self.blocks)
+
+    def kv_cache_size(self, seq_len: int) -> int:
+        """Numbers the KV cache holds for seq_len tokens of one sequence, summed over layers."""
+        return sum(block.kv_cache_size(seq_len) for block in self.blocks)
 
     @classmethod
     def vocab_size_for(cls, vocab) -> int:
