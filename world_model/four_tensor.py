@@ -39,6 +39,12 @@ class FourTensorConfig:
     padding_idx: int = 0
     unknown_idx: int | None = 1  # the unknown word: zero, frozen rows (position only, content-free)
     attention: str = "fused"  # "fused" (scaled_dot_product_attention) or "reference" (explicit scores)
+    # Form of the Q, K, V weights W[m, p, n, q]: "dense" (one (d_x d_t)^2 map per head and map) or "tucker"
+    # (W = G x_m A x_p B x_n C x_q D, see FourTensorAttention). tucker_ranks = (r_m, r_p, r_n, r_q), with
+    # r_m, r_n <= d_x and r_p, r_q <= d_t, is required in tucker form and must be None in dense form.
+    qkv_form: str = "dense"
+    tucker_ranks: tuple[int, int, int, int] | None = None
+    tucker_shared_factors: bool = False  # one A, B, C, D for every head and map (True) or one set per head and map
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_x", "d_t", "n_heads", "n_layers", "n_tokens", "n_states"):
@@ -52,6 +58,28 @@ class FourTensorConfig:
             raise ValueError(f"dropout must lie in [0, 1], got {self.dropout}")
         if self.attention not in ("fused", "reference"):
             raise ValueError(f"attention must be 'fused' or 'reference', got {self.attention!r}")
+        if self.qkv_form not in ("dense", "tucker"):
+            raise ValueError(f"qkv_form must be 'dense' or 'tucker', got {self.qkv_form!r}")
+        if not isinstance(self.tucker_shared_factors, bool):
+            raise ValueError(f"tucker_shared_factors must be a bool, got {self.tucker_shared_factors!r}")
+        if self.qkv_form == "dense":
+            if self.tucker_ranks is not None:
+                raise ValueError(f"tucker_ranks {self.tucker_ranks!r} given with qkv_form='dense'; set qkv_form='tucker' or drop them")
+            if self.tucker_shared_factors:
+                raise ValueError("tucker_shared_factors=True needs qkv_form='tucker'")
+            return
+        ranks = self.tucker_ranks
+        if ranks is None:
+            raise ValueError("qkv_form='tucker' needs tucker_ranks = (r_m, r_p, r_n, r_q)")
+        if not isinstance(ranks, (tuple, list)) or len(ranks) != 4 or not all(
+            isinstance(r, int) and not isinstance(r, bool) for r in ranks
+        ):
+            raise ValueError(f"tucker_ranks must be four integers (r_m, r_p, r_n, r_q), got {ranks!r}")
+        self.tucker_ranks = tuple(ranks)  # JSON hands back a list
+        for name, r, limit, fiber in zip(("r_m", "r_p", "r_n", "r_q"), self.tucker_ranks,
+                                         (self.d_x, self.d_t, self.d_x, self.d_t), ("d_x", "d_t", "d_x", "d_t")):
+            if not 1 <= r <= limit:
+                raise ValueError(f"tucker rank {name} = {r} must lie in [1, {fiber} = {limit}] (tucker_ranks {self.tucker_ranks})")
 
     @property
     def d(self) -> int:
@@ -137,27 +165,97 @@ class InputConstruction(nn.Module):
 class FourTensorAttention(nn.Module):
     """H full-fiber rank-4 heads of one layer, summed (sections 4.4-4.5).
 
-    The weights of every head and of Q, K, V live in one parameter `w_qkv` of shape
-    (3, H, d_x, d_t, d_x, d_t) indexed [map, head, m, p, n, q], so that one matmul produces all of them.
+    Dense form (qkv_form="dense"): the weights of every head and of Q, K, V live in one parameter `w_qkv`
+    of shape (3, H, d_x, d_t, d_x, d_t) indexed [map, head, m, p, n, q], so that one matmul produces all
+    of them.
+
+    Tucker form (qkv_form="tucker", ranks (r_m, r_p, r_n, r_q)): each map g and head h has
+        W[m, p, n, q] = sum_{i j c e} G[i, j, c, e] A[m, i] B[p, j] C[n, c] D[q, e]
+    with the cores in one parameter `core` (3, H, r_m, r_p, r_n, r_q) and the factors in `factor_m` (A),
+    `factor_p` (B), `factor_n` (C), `factor_q` (D): (3, H, d_x, r_m), (3, H, d_t, r_p), (3, H, d_x, r_n),
+    (3, H, d_t, r_q), or (d_x, r_m), ... shared by every map and head with tucker_shared_factors. The dense
+    (d_x d_t)^2 weight is never formed: X is contracted with C, D, the core, B and A in turn (see `qkv`).
+
+    Initialisation (tucker): factors with orthonormal columns (nn.init.orthogonal_), core entries uniform
+    with variance d / (r_m r_p r_n r_q). Orthonormal factors preserve the Frobenius norm, so the composed
+    W has ||W||_F^2 ~ d, i.e. mean-square entry 1/d and E||W x||^2 = ||x||^2 for white x: the same as the
+    dense form's Xavier-uniform d x d matrix (variance 2 / (d + d) = 1 / d). At full ranks the core is
+    itself Xavier-distributed.
     """
 
     def __init__(self, config: FourTensorConfig):
         super().__init__()
         c = config
-        self.n_heads, self.d = c.n_heads, c.d
+        self.n_heads, self.d, self.d_x, self.d_t = c.n_heads, c.d, c.d_x, c.d_t
         self.fused = c.attention == "fused"
-        w = torch.empty(3, c.n_heads, c.d, c.d)
-        for flat in w.view(-1, c.d, c.d):
-            nn.init.xavier_uniform_(flat)  # Xavier on the flat (d_x d_t) x (d_x d_t) matrix
-        self.w_qkv = nn.Parameter(w.view(3, c.n_heads, c.d_x, c.d_t, c.d_x, c.d_t))
+        self.form = c.qkv_form
+        self.shared_factors = c.tucker_shared_factors
+        if self.form == "dense":
+            w = torch.empty(3, c.n_heads, c.d, c.d)
+            for flat in w.view(-1, c.d, c.d):
+                nn.init.xavier_uniform_(flat)  # Xavier on the flat (d_x d_t) x (d_x d_t) matrix
+            self.w_qkv = nn.Parameter(w.view(3, c.n_heads, c.d_x, c.d_t, c.d_x, c.d_t))
+        else:
+            r_m, r_p, r_n, r_q = c.tucker_ranks
+            lead = () if self.shared_factors else (3, c.n_heads)
+            for name, rows, rank in (("factor_m", c.d_x, r_m), ("factor_p", c.d_t, r_p),
+                                     ("factor_n", c.d_x, r_n), ("factor_q", c.d_t, r_q)):
+                f = torch.empty(*lead, rows, rank)
+                for mat in f.view(-1, rows, rank):
+                    nn.init.orthogonal_(mat)  # orthonormal columns (rank <= rows)
+                setattr(self, name, nn.Parameter(f))
+            bound = math.sqrt(3.0 * c.d / (r_m * r_p * r_n * r_q))  # uniform(-a, a) has variance a^2 / 3
+            self.core = nn.Parameter(torch.empty(3, c.n_heads, r_m, r_p, r_n, r_q).uniform_(-bound, bound))
         self.scale = 1.0 / math.sqrt(c.d)
 
     def qkv(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """X (B, N*T, d) -> Q, K, V each (B, H, N*T, d)."""
         B, L, d = X.shape
+        if self.form == "tucker":
+            return self.tucker_qkv(X)
         qkv = F.linear(X, self.w_qkv.view(3 * self.n_heads * d, d))  # (B, L, 3*H*d)
         q, k, v = qkv.view(B, L, 3, self.n_heads, d).permute(2, 0, 3, 1, 4)
         return q, k, v
+
+    def tucker_qkv(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Tucker form of `qkv`: five two-operand contractions, batched over the 3 maps and H heads.
+
+        Letters: g map, h head, z batch, l position (N*T), n q the input fibers, m p the output fibers,
+        c e i j the ranks r_n r_q r_m r_p. Per position, map and head the cost is
+            d_x d_t r_n + r_n d_t r_q + r_n r_q r_m r_p + r_m r_p d_t + r_m d_t d_x
+        multiply-adds, against (d_x d_t)^2 for the dense form; the largest intermediate per position is
+        3 H max(r_n d_t, r_m d_t) (r_n d_t for the first step only, once, with shared factors).
+        The contractions are written pairwise so that no path optimiser can choose to compose W first.
+        """
+        B, L, d = X.shape
+        X = X.view(B, L, self.d_x, self.d_t)
+        G = self.core  # (g, h, i, j, c, e)
+        if self.shared_factors:
+            Y = torch.einsum("zlnq,nc->zlcq", X, self.factor_n)  # (B, L, r_n, d_t)
+            Y = torch.einsum("zlcq,qe->zlce", Y, self.factor_q)  # (B, L, r_n, r_q), shared by all maps/heads
+            Y = torch.einsum("zlce,ghijce->gzhlij", Y, G)  # (3, B, H, L, r_m, r_p)
+            Y = torch.einsum("gzhlij,pj->gzhlip", Y, self.factor_p)  # (3, B, H, L, r_m, d_t)
+            Y = torch.einsum("gzhlip,mi->gzhlmp", Y, self.factor_m)  # (3, B, H, L, d_x, d_t)
+        else:
+            Y = torch.einsum("zlnq,ghnc->gzhlcq", X, self.factor_n)  # (3, B, H, L, r_n, d_t)
+            Y = torch.einsum("gzhlcq,ghqe->gzhlce", Y, self.factor_q)  # (3, B, H, L, r_n, r_q)
+            Y = torch.einsum("gzhlce,ghijce->gzhlij", Y, G)  # (3, B, H, L, r_m, r_p)
+            Y = torch.einsum("gzhlij,ghpj->gzhlip", Y, self.factor_p)  # (3, B, H, L, r_m, d_t)
+            Y = torch.einsum("gzhlip,ghmi->gzhlmp", Y, self.factor_m)  # (3, B, H, L, d_x, d_t)
+        q, k, v = Y.reshape(3, B, self.n_heads, L, d).unbind(0)
+        return q, k, v
+
+    def dense_weights(self) -> torch.Tensor:
+        """The weights as one dense (3, H, d_x, d_t, d_x, d_t) tensor [map, head, m, p, n, q].
+
+        For tests and diagnostics only: in tucker form this composes the (d_x d_t)^2 maps the forward
+        pass avoids.
+        """
+        if self.form == "dense":
+            return self.w_qkv
+        A, Bf, C, D = self.factor_m, self.factor_p, self.factor_n, self.factor_q
+        f = "" if self.shared_factors else "gh"
+        return torch.einsum(f"ghijce,{f}mi,{f}pj,{f}nc,{f}qe->ghmpnq", self.core, A, Bf, C, D)
 
     def attention_weights(self, X: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
         """Joint softmax over all N*T keys: X (B, N, T, d), pad_mask (B, N, T) -> A (B, H, N, T, N, T)."""
@@ -382,3 +480,29 @@ class FourTensorModel(PretrainedMixin, nn.Module):
             predicted.append(state)
             window = torch.cat([window, state[:, None]], dim=1)[:, -self.config.n_states :]
         return torch.stack(predicted, dim=1)
+
+
+def tucker_from_dense(dense_model: FourTensorModel, shared_factors: bool = False) -> FourTensorModel:
+    """The tucker-form twin of a dense model at full ranks (d_x, d_t, d_x, d_t): identity factors, the dense
+    weights as cores and every other parameter copied, so it computes the same function.
+
+    With shared_factors one identity set serves every map and head; otherwise each gets its own copy.
+    """
+    c = dense_model.config
+    if c.qkv_form != "dense":
+        raise ValueError(f"tucker_from_dense needs a dense model, got qkv_form={c.qkv_form!r}")
+    config = FourTensorConfig.from_dict({
+        **c.to_dict(), "qkv_form": "tucker", "tucker_ranks": (c.d_x, c.d_t, c.d_x, c.d_t),
+        "tucker_shared_factors": shared_factors,
+    })
+    model = FourTensorModel(config)
+    state = dict(dense_model.state_dict())
+    lead = () if shared_factors else (3, c.n_heads)
+    for i in range(len(dense_model.layers)):
+        w = state.pop(f"layers.{i}.attention.w_qkv")
+        state[f"layers.{i}.attention.core"] = w.detach().clone()
+        for name, size in (("factor_m", c.d_x), ("factor_p", c.d_t), ("factor_n", c.d_x), ("factor_q", c.d_t)):
+            eye = torch.eye(size, dtype=w.dtype, device=w.device)
+            state[f"layers.{i}.attention.{name}"] = eye.expand(*lead, size, size).clone()
+    model.load_state_dict(state)
+    return model.to(next(dense_model.parameters()).device).train(dense_model.training)
