@@ -48,7 +48,7 @@ from world_model.attention_family import KINDS as ATTENTION_KINDS
 from world_model.attention_family import AttentionConfig, FamilyAttention
 from world_model.checkpoint import PretrainedMixin
 from world_model.four_tensor import StepStats, sinusoidal_embedding
-from world_model.inputs import INT_DTYPES, check_window
+from world_model.inputs import INT_DTYPES, check_example, check_window
 
 
 @dataclass
@@ -468,15 +468,7 @@ class BaselineModel(PretrainedMixin, nn.Module):
     # ----- the free-running objective (section 7.4) -----
     def check_full_window(self, token_ids_full: torch.Tensor) -> None:
         c = self.config
-        if not isinstance(token_ids_full, torch.Tensor) or token_ids_full.dim() != 3:
-            shape = tuple(token_ids_full.shape) if isinstance(token_ids_full, torch.Tensor) else type(token_ids_full).__name__
-            raise ValueError(
-                f"a training example must have shape (B, T+1, N) = (B, {c.n_states + 1}, {c.n_tokens}), got {shape}; "
-                "a single (T+1, N) window needs its batch axis: window[None]"
-            )
-        if token_ids_full.shape[1] != c.n_states + 1:
-            raise ValueError(f"a training example must hold T+1 = {c.n_states + 1} sentences, got {token_ids_full.shape[1]}")
-        self.check_window(token_ids_full, "token_ids_full", sentences=c.n_states + 1)
+        check_example(token_ids_full, c.n_states, c.n_tokens, c.content_vocab_size, "content vocabulary")
 
     def free_run(self, token_ids_full: torch.Tensor, use_cache: bool = True) -> FreeRun:
         """A stored window (B, T+1, N) -> packing, step logits (B, G, V) and appended argmax (B, G)."""

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from world_model.checkpoint import PretrainedMixin
-from world_model.inputs import check_window
+from world_model.inputs import check_example, check_window
 from world_model.kernels import linear_cross_entropy
 
 
@@ -375,16 +375,7 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         from (B, T, N) to (B, N, T) (tests/test_four_tensor.py proves it).
         """
         c = self.config
-        if not isinstance(token_ids_full, torch.Tensor) or token_ids_full.dim() != 3:
-            shape = tuple(token_ids_full.shape) if isinstance(token_ids_full, torch.Tensor) else type(token_ids_full).__name__
-            raise ValueError(
-                f"a training example must have shape (B, T+1, N) = (B, {c.n_states + 1}, {c.n_tokens}), got {shape}; "
-                "a single (T+1, N) window needs its batch axis: window[None]"
-            )
-        if token_ids_full.shape[1] != c.n_states + 1:
-            raise ValueError(f"a training example must hold T+1 = {c.n_states + 1} sentences, got {token_ids_full.shape[1]}")
-        self.check_token_ids(token_ids_full[:, :-1], "token_ids_full[:, :-1]")
-        self.check_token_ids(token_ids_full[:, 1:], "token_ids_full[:, 1:]")
+        check_example(token_ids_full, c.n_states, c.n_tokens, c.vocab_size)
         token_ids_full = token_ids_full.long()
         X = self.encode(token_ids_full[:, :-1])  # (B, N, T, d)
         Y = token_ids_full[:, 1:].permute(0, 2, 1)  # (B, T, N) -> (B, N, T)

@@ -31,3 +31,18 @@ def check_window(
     if token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= vocab_size):
         bad = token_ids[(token_ids < 0) | (token_ids >= vocab_size)][0]
         raise ValueError(f"{name} holds id {int(bad)}, outside the {vocab_name} [0, {vocab_size})")
+
+
+def check_example(
+    token_ids_full: torch.Tensor, n_states: int, n_tokens: int, vocab_size: int, vocab_name: str = "vocabulary"
+) -> None:
+    """A stored training example must be (B, T+1, N); a rank-2 (T+1, N) window is rejected (section 4.1)."""
+    if not isinstance(token_ids_full, torch.Tensor) or token_ids_full.dim() != 3:
+        shape = tuple(token_ids_full.shape) if isinstance(token_ids_full, torch.Tensor) else type(token_ids_full).__name__
+        raise ValueError(
+            f"a training example must have shape (B, T+1, N) = (B, {n_states + 1}, {n_tokens}), got {shape}; "
+            "a single (T+1, N) window needs its batch axis: window[None]"
+        )
+    if token_ids_full.shape[1] != n_states + 1:
+        raise ValueError(f"a training example must hold T+1 = {n_states + 1} sentences, got {token_ids_full.shape[1]}")
+    check_window(token_ids_full, n_states, n_tokens, vocab_size, "token_ids_full", n_states + 1, vocab_name)
