@@ -222,6 +222,20 @@ def test_time_budget_stops_after_an_epoch_and_resumes(data_dir, tmp_path):
     assert (summary["stop_reason"], summary["last_epoch"], summary["resumed_from_epoch"]) == ("max_epochs", 2, 1)
 
 
+def test_a_run_saved_before_new_config_fields_still_resumes(data_dir, tmp_path):
+    out = tmp_path / "older"
+    train(copy.deepcopy(TINY), data_dir, out, max_epochs=1, progress=False)
+    record = json.loads((out / "run.json").read_text())
+    del record["config"]["model"]["qkv_form"]  # as written by a version without the field
+    (out / "run.json").write_text(json.dumps(record))
+    summary = train(copy.deepcopy(TINY), data_dir, out, max_epochs=2, resume=True, progress=False)
+    assert (summary["last_epoch"], summary["resumed_from_epoch"]) == (2, 1)
+    record["config"]["model"]["d_x"] = 8  # a real difference is still refused
+    (out / "run.json").write_text(json.dumps(record))
+    with pytest.raises(TrainingError, match="d_x"):
+        train(copy.deepcopy(TINY), data_dir, out, max_epochs=3, resume=True, progress=False)
+
+
 def test_sigterm_mid_epoch_leaves_the_last_epoch_resumable(data_dir, tmp_path):
     config = tmp_path / "tiny.yaml"
     long_run = copy.deepcopy(TINY)

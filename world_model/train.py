@@ -365,6 +365,10 @@ def train(
             raise TrainingError(f"{out} holds {', '.join(found)} but no {RUN_FILE}; it is not a run this trainer can resume")
         saved = json.loads((out / RUN_FILE).read_text())
         saved = {k: saved.get(k) for k in run_record}  # the requested run: config and training subset
+        try:  # fields added to the configs since the run started take their defaults
+            saved["config"] = validate_config(saved["config"], source=f"{out / RUN_FILE}")
+        except ConfigError as err:
+            raise TrainingError(f"--resume: {err}") from err
         diffs = [d for d in config_differences(saved, run_record) if not d.startswith(tuple(f"config.{k}:" for k in RESUME_MAY_CHANGE))]
         if diffs:
             raise TrainingError(f"--resume: the requested run differs from the one in {out}: " + "; ".join(diffs))
