@@ -205,9 +205,8 @@ def test_last_correct_is_the_accuracy_of_greedy_generation_with_early_eos():
 
 
 # ----- the KV cache -----
-def test_cached_and_uncached_free_running_agree():
-    model = make_model(scale=0.5, n_layers=3).double()
-    full = make_full(B=4, seed=9)
+def assert_cached_run_equals_uncached(model, full):
+    """Free-running tokens, logits, step statistics and gradients agree with and without the KV cache."""
     cached, plain = model.free_run(full, use_cache=True), model.free_run(full, use_cache=False)
     assert torch.equal(cached.tokens, plain.tokens)
     torch.testing.assert_close(cached.logits, plain.logits, rtol=1e-12, atol=1e-12)
@@ -220,6 +219,11 @@ def test_cached_and_uncached_free_running_agree():
     b.loss.backward()
     for g, p in zip(grads, model.parameters()):
         torch.testing.assert_close(g, p.grad, rtol=1e-10, atol=1e-12)
+    return cached
+
+
+def test_cached_and_uncached_free_running_agree():
+    assert_cached_run_equals_uncached(make_model(scale=0.5, n_layers=3).double(), make_full(B=4, seed=9))
 
 
 def test_cache_in_float32_training_mode_has_one_dropout_per_position_and_still_trains():
