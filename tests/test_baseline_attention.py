@@ -10,6 +10,7 @@ from world_model.attention_family import BitLinear, FamilyAttention
 from world_model.baseline import BaselineConfig, BaselineModel, CausalSelfAttention
 from world_model.checkpoint import CheckpointError
 from tests.test_baseline import assert_cached_run_equals_uncached
+from tests.test_baseline import make_model as make_baseline
 
 V, N, T = 13, 5, 3
 D, H, DH, LAYERS = 12, 3, 4, 2  # d = d_x d_t = 4 * 3, three heads of width 4
@@ -27,16 +28,8 @@ KINDS = {
 
 
 def make_model(spec, seed=0, scale=None, **overrides) -> BaselineModel:
-    torch.manual_seed(seed)
-    settings = dict(content_vocab_size=V, d_x=4, d_t=3, n_heads=H, n_layers=LAYERS, n_tokens=N, n_states=T, dropout=0.0)
-    settings.update(spec)
-    settings.update(overrides)
-    model = BaselineModel(BaselineConfig(**settings)).eval()
-    if scale is not None:
-        with torch.no_grad():
-            for p in model.parameters():
-                p.normal_(0.0, scale)
-    return model
+    """The tiny baseline of tests/test_baseline.py with this file's heads and layers and an attention `spec`."""
+    return make_baseline(seed, scale, **{"n_heads": H, "n_layers": LAYERS, **spec, **overrides})
 
 
 def make_full(B=3, seed=1) -> torch.Tensor:
