@@ -343,7 +343,10 @@ class FourTensorModel(PretrainedMixin, nn.Module):
     def encode(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Token ids (B, T, N) -> normalised final states X_norm (B, N, T, d), flat index phi(n, q)."""
         self.check_token_ids(token_ids)
-        token_ids = token_ids.long()
+        return self._encode(token_ids.long())
+
+    def _encode(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """`encode` for ids the caller has already checked (the training step checks the whole example)."""
         pad_mask = self.build_pad_mask(token_ids)  # local to this call, shared by every layer
         X = self.input_construction(token_ids)  # (B, N, T, d_x, d_t)
         B, N, T = X.shape[:3]
@@ -377,7 +380,7 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         c = self.config
         check_example(token_ids_full, c.n_states, c.n_tokens, c.vocab_size)
         token_ids_full = token_ids_full.long()
-        X = self.encode(token_ids_full[:, :-1])  # (B, N, T, d)
+        X = self._encode(token_ids_full[:, :-1])  # (B, N, T, d)
         Y = token_ids_full[:, 1:].permute(0, 2, 1)  # (B, T, N) -> (B, N, T)
         live = Y != c.padding_idx  # (B, N, T)
         last = torch.zeros_like(live)
