@@ -92,6 +92,7 @@ def sample_frames(
     num_frames: int | None = None,
     max_frames: int = 64,
     max_side: int = 512,
+    frames_per_state: int = 1,
 ) -> SampledClip:
     """Sample frames from ``path``.
 
@@ -102,22 +103,34 @@ def sample_frames(
     warning is recorded.  Frames are RGB, upright, and resized (aspect kept, never enlarged) so the
     longer side is at most ``max_side``.
 
+    With ``frames_per_state`` K > 1 (interval sampling only) each sampled item is a *state strip*:
+    the K frames ``state_offsets`` picks from ``[t, t + interval)``, each resized as above and
+    tiled left to right into one (h, K * w, 3) image, so a single image shows the motion of that
+    span (the input the synthetic world's captioner reads).  ``timestamp``/``index`` are those of
+    the strip's first frame; a trailing span the clip does not cover in full is not sampled.
+
     Raises ``VideoError`` if the file is unusable or no frame decodes at all.
     """
     if interval <= 0 or max_frames < 1 or max_side < 1 or (num_frames is not None and num_frames < 1):
         raise ValueError("interval, num_frames, max_frames and max_side must be positive")
+    if frames_per_state < 1 or (frames_per_state > 1 and num_frames is not None):
+        raise ValueError(f"frames_per_state must be >= 1, and 1 with num_frames; got {frames_per_state}")
     path = Path(path)
     capture, info = _open(path)
     try:
-        plan = _plan(info, interval, num_frames)
+        offsets = state_offsets(info.fps, interval, frames_per_state)
+        plan = [i for i in _plan(info, interval, num_frames) if i + offsets[-1] < info.frame_count]
+        if not plan:
+            raise VideoError(f"{path} is {info.duration:.2f}s long, shorter than one {interval}s state")
         warnings = []
         if len(plan) > max_frames:
             warnings.append(f"{len(plan)} frames planned; evenly thinned to max_frames={max_frames}")
             plan = [plan[k] for k in np.linspace(0, len(plan) - 1, max_frames).round().astype(int)]
-        frames = []
+        wanted = sorted({start + offset for start in plan for offset in offsets})
+        decoded: dict[int, np.ndarray] = {}
         position = 0  # index of the frame the next grab() decodes
         seek_gap = round(SEEK_GAP_SECONDS * info.fps)
-        for index in plan:
+        for index in wanted:
             if index - position > seek_gap:
                 capture.set(cv2.CAP_PROP_POS_FRAMES, index)
                 position = index
@@ -126,11 +139,17 @@ def sample_frames(
             ok, bgr = capture.retrieve() if position > index else (False, None)
             if not ok:
                 break
-            frames.append(SampledFrame(_to_rgb(bgr, max_side), index / info.fps, index))
+            decoded[index] = _to_rgb(bgr, max_side)
     finally:
         capture.release()
-    if len(frames) < len(plan) and frames and frames[-1].index == position - 1:
-        frames.pop()  # the frame just before a break may be cut short and concealed with older pixels
+    if len(decoded) < len(wanted) and decoded and max(decoded) == position - 1:
+        del decoded[max(decoded)]  # the frame just before a break may be cut short and concealed with older pixels
+    frames = []
+    for start in plan:
+        if any(start + offset not in decoded for offset in offsets):
+            break
+        image = np.concatenate([decoded[start + offset] for offset in offsets], axis=1)
+        frames.append(SampledFrame(image, start / info.fps, start))
     if not frames:
         raise VideoError(f"No frame of {path} could be decoded (it claims {info.frame_count} frames)")
     if len(frames) < len(plan):
@@ -142,6 +161,13 @@ def sample_frames(
     for message in warnings:
         logger.warning(message)
     return SampledClip(frames, info, warnings)
+
+
+def state_offsets(fps: float, interval: float, frames_per_state: int) -> list[int]:
+    """Frame offsets, from a state's first frame, of the ``frames_per_state`` frames of its strip:
+    evenly spaced from the first to the last frame of ``interval`` seconds at ``fps`` (``[0]`` for 1)."""
+    last = max(round(interval * fps) - 1, 0)
+    return np.unique(np.linspace(0, last, frames_per_state).round().astype(int)).tolist()
 
 
 def _plan(info: VideoInfo, interval: float, num_frames: int | None) -> list[int]:

@@ -107,6 +107,7 @@ def run_rollout(
     interval: float = 1.0,
     num_frames: int | None = None,
     max_frames: int = 32,
+    frames_per_state: int | None = None,
     captioner: str | None = None,
     renderer: str | None = None,
     predictor: str | None = None,
@@ -129,6 +130,9 @@ def run_rollout(
         preset: `auto` (hub models when cached or reachable, otherwise the offline pack), `hub` or `offline`.
         interval: seconds between sampled frames; `num_frames` instead takes that many evenly spaced.
         max_frames: cap on sampled frames (long clips are thinned evenly).
+        frames_per_state: read each `interval` as a strip of this many frames tiled left to right (the
+            offline pack's captioner reads 3-frame strips that show motion); default: the preset's
+            `sampling.frames_per_state`, else 1 (single frames).
         captioner, renderer, predictor: override one component with a hub id or a local folder.
         device: torch device for the models; default CUDA when available, else CPU.
         samples: alternative futures; greedy when `temperature` is 0 (then one sample is enough).
@@ -147,6 +151,11 @@ def run_rollout(
     video = Path(video)
     out_dir = Path(out_dir) if out_dir is not None else default_out_dir(video)
     chosen, reason = choose_preset(preset) if not (captioner and renderer and predictor) else ({"name": "custom"}, "all components named")
+    if frames_per_state is None:
+        frames_per_state = int(chosen.get("sampling", {}).get("frames_per_state", 1))
+    if frames_per_state < 1 or (frames_per_state > 1 and num_frames is not None):
+        raise RolloutError(f"frames per state must be at least 1, and 1 with --frames (evenly spaced frames); "
+                           f"got {frames_per_state} (preset {chosen['name']!r}); sample with --interval instead")
     names = {c: resolve_model_path(override) if override else chosen[c]
              for c, override in (("captioner", captioner), ("renderer", renderer), ("predictor", predictor))}
     device = pick_device(device)
@@ -154,7 +163,8 @@ def run_rollout(
     try:
         start = time.perf_counter()
         report(0.0, "sampling frames")
-        clip = sample_frames(video, interval=interval, num_frames=num_frames, max_frames=max_frames)
+        clip = sample_frames(video, interval=interval, num_frames=num_frames, max_frames=max_frames,
+                             frames_per_state=frames_per_state)
         timings["sample_frames"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -199,6 +209,7 @@ def run_rollout(
             "preset": chosen["name"], "preset_reason": reason,
             "models": {**names, "device": device},
             "sampling": {"interval_s": interval, "num_frames": num_frames, "max_frames": max_frames,
+                         "frames_per_state": frames_per_state,
                          "steps": steps, "temperature": temperature, "top_k": top_k, "seed": seed,
                          "samples": len(predictions), "init_from_last_frame": init_from_last_frame},
             "observed": [{"timestamp_s": round(f.timestamp, 3), "frame_index": f.index, "caption": text,
@@ -291,6 +302,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     sampling.add_argument("--interval", type=float, default=1.0, help="seconds between sampled frames (default 1.0)")
     sampling.add_argument("--frames", type=int, help="sample this many evenly spaced frames instead")
     parser.add_argument("--max-frames", type=int, default=32, help="cap on sampled frames (default 32)")
+    parser.add_argument("--frames-per-state", type=int,
+                        help="frames tiled into each state strip (default: the preset's, else 1)")
     parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--captioner", help="image-to-text model: hub id or folder (overrides the preset)")
     parser.add_argument("--renderer", help="text-to-image model: hub id or folder (overrides the preset)")
@@ -324,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run_rollout(
             args.video, steps=args.steps, out_dir=args.out, preset=args.preset, interval=args.interval,
-            num_frames=args.frames, max_frames=args.max_frames, captioner=args.captioner, renderer=args.renderer,
+            num_frames=args.frames, max_frames=args.max_frames, frames_per_state=args.frames_per_state,
+            captioner=args.captioner, renderer=args.renderer,
             predictor=args.predictor, device=args.device, samples=args.samples, temperature=args.temperature,
             top_k=args.top_k, seed=args.seed, init_from_last_frame=args.init_from_last_frame, fps=args.fps,
             overwrite=args.overwrite,

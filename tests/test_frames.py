@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from encoders import frames as frames_module
-from encoders.frames import SampledClip, VideoError, probe_video, sample_frames
+from encoders.frames import SampledClip, SampledFrame, VideoError, probe_video, sample_frames, state_offsets
 from tests.model_factories import (
     BACKGROUND,
     SQUARE_SIZE,
@@ -62,6 +62,25 @@ def test_num_frames_are_evenly_spaced_from_first_to_last(clip):
     assert [f.timestamp for f in result] == pytest.approx([0.0, 1.0, 1.9, 2.9])
     for frame in result:
         assert_shows_frame(frame)
+
+
+def test_state_strips_tile_the_first_middle_and_last_frame_of_each_span(clip):
+    result = sample_frames(clip, interval=1.0, frames_per_state=3)
+    assert [(f.index, f.timestamp) for f in result] == [(0, 0.0), (10, 1.0), (20, 2.0)]
+    for strip in result:
+        assert strip.image.shape == (HEIGHT, 3 * WIDTH, 3)
+        for k, offset in enumerate(state_offsets(FPS, 1.0, 3)):  # frames 0, 4, 9 of the span
+            part = strip.image[:, k * WIDTH : (k + 1) * WIDTH]
+            assert_shows_frame(SampledFrame(part, 0.0, strip.index + offset))
+
+
+def test_state_strips_skip_a_trailing_span_the_clip_does_not_cover(clip):
+    assert state_offsets(FPS, 1.3, 2) == [0, 12]
+    assert [f.index for f in sample_frames(clip, interval=1.3, frames_per_state=2)] == [0, 13]  # 26 + 12 > 29
+    with pytest.raises(VideoError, match="shorter than one 5.0s state"):
+        sample_frames(clip, interval=5.0, frames_per_state=2)
+    with pytest.raises(ValueError, match="frames_per_state"):
+        sample_frames(clip, num_frames=3, frames_per_state=2)
 
 
 def test_seeking_gives_the_same_frames_as_grabbing(clip, monkeypatch):

@@ -69,6 +69,20 @@ def test_cli_writes_a_complete_run_folder(models, clip, tmp_path, capsys):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "no staging folder left"
 
 
+def test_state_strips_are_captioned_one_per_interval(models, clip, tmp_path):
+    with one_torch_thread():
+        result = run_rollout(clip, steps=1, out_dir=tmp_path / "run", frames_per_state=3,
+                             **{k: models[k] for k in ("captioner", "renderer", "predictor")})
+    record = result.record
+    assert record["sampling"]["frames_per_state"] == 3
+    assert [o["timestamp_s"] for o in record["observed"]] == [0.0, 1.0, 2.0]
+    assert all(img.shape == (96, 3 * 160, 3) for img in result.observed)
+    assert Image.open(result.run_dir / record["observed"][0]["image"]).size == (480, 96)
+    with pytest.raises(RolloutError, match="--frames"):
+        run_rollout(clip, steps=1, out_dir=tmp_path / "other", num_frames=2, frames_per_state=3,
+                    **{k: models[k] for k in ("captioner", "renderer", "predictor")})
+
+
 def test_sampling_gives_seeded_alternative_futures(models, clip, tmp_path):
     with one_torch_thread():
         runs = [run_rollout(clip, steps=2, out_dir=tmp_path / name, samples=3, temperature=1.5, seed=seed,
@@ -165,7 +179,7 @@ def test_interrupted_run_leaves_no_half_written_folder(models, clip, tmp_path, m
     assert list(tmp_path.iterdir()) == []
 
 
-def test_offline_preset_without_the_pack_says_so(clip, tmp_path, capsys):
+def test_offline_preset_without_the_pack_says_so(clip, tmp_path, capsys, offline_pack_absent):
     code = main([str(clip), "--preset", "offline", "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert code == 2 and "offline model pack is not in this installation" in err
@@ -177,7 +191,7 @@ def test_unknown_preset_lists_the_known_ones(clip, tmp_path, capsys):
     assert "unknown preset 'nope'" in capsys.readouterr().err
 
 
-def test_auto_preset_without_hub_or_pack_explains_both(clip, tmp_path, capsys):
+def test_auto_preset_without_hub_or_pack_explains_both(clip, tmp_path, capsys, offline_pack_absent):
     assert main([str(clip), "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert "Salesforce/blip-image-captioning-base" in err and "neither cached nor reachable" in err

@@ -48,9 +48,8 @@ def test_write_shapes_clip_has_the_requested_size_and_length(tmp_path):
     assert (info.width, info.height, info.frame_count) == (64, 48, 2 * bench.CLIP_FPS)
 
 
-def test_offline_preset_without_the_pack_says_it_is_not_built(capsys):
-    if not missing_offline_models(load_preset("offline")):
-        pytest.skip("the offline pack is installed here")
+def test_offline_preset_without_the_pack_says_it_is_not_built(capsys, offline_pack_absent):
+    assert missing_offline_models(load_preset("offline"))
     assert bench.main(["--preset", "offline"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: the offline model pack is not built yet") and "--preset tiny" in err
