@@ -10,8 +10,11 @@ import torch
 import yaml
 
 from tests.test_train import TRAIN_NAME, make_data
+from world_model import attention_benchmark as attn
 from world_model import benchmark as bench
 from world_model import train as train_mod
+from world_model.config_io import ConfigError
+from world_model.models import build_model, count_parameters, load_model
 
 TINY_PRESET = {
     "pairs": {"h1_l1": {"n_heads": 1, "n_layers": 1}, "h2_l1": {"n_heads": 2, "n_layers": 1}},
@@ -19,12 +22,27 @@ TINY_PRESET = {
     "training": {"batch_size": 8, "eval_batch_size": 4, "max_epochs": 2, "seed": 1},
     "budget": {"train_subset": 24, "max_minutes": None},
 }
+# One pair and five variants of it (d = 8, H = 2, d_H = 4): the attention preset's machinery at toy size.
+TINY_ATTENTION_PRESET = {
+    "pairs": {"h2_l1": {"n_heads": 2, "n_layers": 1}},
+    "model": {"d_x": 4, "d_t": 2, "dropout": 0.1},
+    "training": {"batch_size": 8, "eval_batch_size": 4, "max_epochs": 1, "seed": 1},
+    "budget": {"train_subset": 24, "max_minutes": None},
+    "variants": {
+        "tucker_2_1": {"type": "four_tensor", "pair": "h2_l1", "model": {"qkv_form": "tucker", "tucker_ranks": [2, 1, 2, 1]}},
+        "tucker_1_shared": {"type": "four_tensor", "pair": "h2_l1",
+                            "model": {"qkv_form": "tucker", "tucker_ranks": [1, 1, 1, 1], "tucker_shared_factors": True}},
+        "gqa_kv1": {"type": "baseline", "pair": "h2_l1", "model": {"attention": "gqa", "n_kv_heads": 1}},
+        "mla_dc2": {"type": "baseline", "pair": "h2_l1", "model": {"attention": "mla", "mla_kv_rank": 2, "mla_q_rank": 2}},
+        "tucker_2_3_3": {"type": "baseline", "pair": "h2_l1", "model": {"attention": "tucker", "tucker_ranks": [2, 3, 3]}},
+    },
+}
 PAPER_TOTALS_M = {("h2_l2", "four_tensor"): 122.2, ("h4_l2", "four_tensor"): 172.5, ("h4_l3", "four_tensor"): 256.4,
                   ("h2_l2", "baseline"): 175.9, ("h4_l2", "baseline"): 175.9, ("h4_l3", "baseline"): 226.2}
 
 
 def write_preset(path: Path, preset: dict = TINY_PRESET) -> Path:
-    path.write_text(yaml.safe_dump(preset))
+    path.write_text(yaml.safe_dump(preset, sort_keys=False))  # keep the order of pairs and variants
     return path
 
 
@@ -276,3 +294,159 @@ def test_resume_refuses_a_different_run_before_training(finished, data_dir, pres
     other = write_preset(tmp_path / "other.yaml", changed)
     assert bench.main(["--preset", str(other), "--data", str(data_dir), "--out", str(out), "--resume"]) == 1
     assert "training.lr" in capsys.readouterr().err
+
+
+# ----- issue 7: attention parameters and the variants of a preset -----
+TINY_SHAPE = {"d_x": 4, "d_t": 2, "n_heads": 2, "n_layers": 2}  # d = 8, d_H = 4
+
+
+@pytest.mark.parametrize("extra, by_hand", [
+    ({"type": "four_tensor"}, 2 * 3 * 2 * 8 * 8),  # 3 maps x H heads x d^2 per layer, no output map
+    # per map and head: core 2*1*3*2 + factors 4*2 + 2*1 + 4*3 + 2*2
+    ({"type": "four_tensor", "qkv_form": "tucker", "tucker_ranks": [2, 1, 3, 2]}, 2 * 6 * (12 + 26)),
+    ({"type": "four_tensor", "qkv_form": "tucker", "tucker_ranks": [2, 1, 3, 2], "tucker_shared_factors": True}, 2 * (6 * 12 + 26)),
+    ({"type": "baseline"}, 2 * 4 * 8 * 8),  # W_Q, W_K, W_V, W_O
+    ({"type": "baseline", "attention": "gqa", "n_kv_heads": 1}, 2 * (2 * 8 * 8 + 2 * 1 * 4 * 8)),
+    # W_DQ 8x2, W_UQ 2x8, W_DK, W_DV 8x2, W_UK, W_UV 2x8, W_O 8x8
+    ({"type": "baseline", "attention": "mla", "mla_kv_rank": 2, "mla_q_rank": 2}, 2 * (16 + 16 + 32 + 32 + 64)),
+    # W and W~: n_H r_1 + d r_2 + d r_3 + r_1 r_2 r_3
+    ({"type": "baseline", "attention": "tucker", "tucker_ranks": [2, 3, 3]}, 2 * 2 * (2 * 2 + 8 * 3 + 8 * 3 + 2 * 3 * 3)),
+])
+def test_attention_parameter_count_by_hand(extra, by_hand):
+    section = {**TINY_SHAPE, **extra}
+    model = build_model(section, 30)
+    assert attn.attention_parameter_count(model) == by_hand
+    assert attn.config_attention_parameters(section, 30) == by_hand  # the same count on the meta device
+    # only the attention is counted: the rest of the model is the reference's, parameter for parameter
+    reference = build_model({**TINY_SHAPE, "type": extra["type"]}, 30)
+    assert count_parameters(model) - by_hand == count_parameters(reference) - attn.attention_parameter_count(reference)
+
+
+def test_attention_parameter_count_refuses_other_models():
+    with pytest.raises(TypeError, match="FourTensorModel, BaselineModel"):
+        attn.attention_parameter_count(torch.nn.Linear(2, 2))
+
+
+def test_pareto_front_keeps_the_undominated_points():
+    points = [(1, 5.0), (2, 4.0), (3, 4.5), (4, 3.0), (2, 4.0), (5, 3.0)]
+    assert attn.pareto_front(points) == [True, True, False, True, True, False]
+
+
+def test_target_needs_a_tucker_4_tensor_run_five_times_smaller_within_one_percent():
+    def row(variant, model_type, kind, ratio, delta):
+        return {"pair": "p", "variant": variant, "model_type": model_type, "kind": kind, "attention_ratio": ratio, "delta_percent": delta}
+
+    rows = [row("reference", "four_tensor", "dense", 1.0, 0.0), row("small", "four_tensor", "tucker", 4.9, 0.1),
+            row("base", "baseline", "tucker", 9.0, -2.0), row("a", "four_tensor", "tucker", 6.0, 1.5),
+            row("b", "four_tensor", "tucker", 10.0, 0.8)]
+    [check] = attn.target_check(rows)
+    assert check["candidates"] == ["a", "b"] and check["best"] == "b" and check["met"] is True
+    [check] = attn.target_check(rows[:4])
+    assert check["best"] == "a" and check["met"] is False
+    [check] = attn.target_check(rows[:3])
+    assert check["met"] is None and check["best"] is None
+
+
+@pytest.fixture(scope="module")
+def attention_finished(data_dir, tmp_path_factory):
+    """The variants machinery end to end on the tiny fixture: (out folder, results.json)."""
+    preset = write_preset(tmp_path_factory.mktemp("preset") / "tiny_attention.yaml", TINY_ATTENTION_PRESET)
+    out = tmp_path_factory.mktemp("bench") / "attention"
+    assert bench.main(["--preset", str(preset), "--data", str(data_dir), "--out", str(out), "--no-progress"]) == 0
+    return out, json.loads((out / "results.json").read_text())
+
+
+def test_variants_train_after_the_pair_and_are_matched_with_their_reference(attention_finished):
+    out, results = attention_finished
+    assert [(r["pair"], r["model_type"]) for r in results["runs"]] == [("h2_l1", "four_tensor"), ("h2_l1", "baseline")]
+    spec = TINY_ATTENTION_PRESET["variants"]
+    assert [v["variant"] for v in results["variants"]] == list(spec) and results["complete"]
+    for v in results["variants"]:
+        s = summary(out, f"h2_l1_{v['model_type']}_{v['variant']}")
+        ref = summary(out, f"h2_l1_{v['model_type']}")
+        assert v["model_type"] == spec[v["variant"]]["type"] and v["val_last_ce"] == s["best_metrics"]["val_last_ce"]
+        for key, value in spec[v["variant"]]["model"].items():
+            assert s["config"]["model"][key] == value
+        assert s["config"]["training"] == ref["config"]["training"] and v["mismatches"] == []
+        assert {k: s["config"]["model"][k] for k in bench.SHARED_MODEL_KEYS} == {k: ref["config"]["model"][k] for k in bench.SHARED_MODEL_KEYS}
+        assert (s["train_windows"], s["validation_windows"]) == (ref["train_windows"], ref["validation_windows"])
+
+
+def test_attention_rows_count_the_saved_models_and_compare_with_the_reference(attention_finished):
+    out, results = attention_finished
+    rows = results["attention"]
+    assert [(r["model_type"], r["variant"]) for r in rows] == [("four_tensor", "reference"), ("baseline", "reference")] + [
+        (v["type"], name) for name, v in TINY_ATTENTION_PRESET["variants"].items()]
+    refs = {r["model_type"]: r for r in rows if r["variant"] == "reference"}
+    for r in rows:
+        model = load_model(out / r["run_dir"] / "best")
+        assert r["attention_parameters"] == attn.attention_parameter_count(model)
+        assert r["parameters"] == count_parameters(model)
+        ref = refs[r["model_type"]]
+        assert r["attention_ratio"] == ref["attention_parameters"] / r["attention_parameters"]
+        assert r["delta_percent"] == pytest.approx(100 * (r["val_last_ce"] - ref["val_last_ce"]) / ref["val_last_ce"])
+    kinds = {r["variant"]: (r["kind"], r["attention"]) for r in rows if r["variant"] != "reference"}
+    assert kinds == {"tucker_2_1": ("tucker", "Tucker (2, 1, 2, 1)"), "tucker_1_shared": ("tucker", "Tucker (1, 1, 1, 1), shared factors"),
+                     "gqa_kv1": ("gqa", "GQA n_KV 1"), "mla_dc2": ("mla", "MLA d_c 2, d_c^Q 2"), "tucker_2_3_3": ("tucker", "Tucker (2, 3, 3)")}
+    assert all(r["attention_ratio"] > 1 for r in rows if r["variant"] != "reference")
+    # the Pareto flags: no flagged run is dominated, every other run is dominated by a flagged one
+    def dominates(a, b):
+        return (a["attention_parameters"] <= b["attention_parameters"] and a["val_last_ce"] <= b["val_last_ce"]
+                and (a["attention_parameters"], a["val_last_ce"]) != (b["attention_parameters"], b["val_last_ce"]))
+    front = [r for r in rows if r["pareto"]]
+    assert front and all(not any(dominates(o, r) for o in rows) for r in front)
+    assert all(any(dominates(f, r) for f in front) for r in rows if not r["pareto"])
+    # the issue's target: the shared-factor Tucker run is the only one >= 5x smaller
+    [target] = results["attention_target"]
+    shared = next(r for r in rows if r["variant"] == "tucker_1_shared")
+    assert target["candidates"] == ["tucker_1_shared"] and target["met"] == (shared["delta_percent"] <= 1.0)
+
+
+def test_attention_reports_table_and_figure(attention_finished):
+    out, results = attention_finished
+    md = (out / "results.md").read_text()
+    assert "## L_S(4) against attention parameters" in md and "ls4_vs_attention_params.png" in md
+    for r in results["attention"]:
+        assert f"| h2_l1 | {r['variant']} | {attn.FAMILY_LABELS[r['model_type']]} | {r['attention']} | {r['attention_parameters']:,} | " in md
+    verdict = "MET" if results["attention_target"][0]["met"] else "NOT met"
+    assert f"fewer attention parameters than the dense one within 1% of its L_S(4): {verdict}" in md
+    assert (out / "ls4_vs_attention_params.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_preset_without_variants_has_no_attention_report(finished):
+    out, results = finished
+    assert "attention" not in results and "variants" not in results
+    assert not (out / attn.PARETO_FIGURE).exists() and "against attention parameters" not in (out / "results.md").read_text()
+    assert all(r["attention_parameters"] > 0 for r in results["runs"])
+
+
+@pytest.mark.parametrize("variant, error, message", [
+    ({"type": "four_tensor", "pair": "h9_l9", "model": {}}, bench.BenchmarkError, "not a pair of the preset"),
+    ({"type": "gpt", "pair": "h2_l1", "model": {}}, bench.BenchmarkError, "is not one of"),
+    ({"type": "baseline", "pair": "h2_l1", "model": {"d_x": 8}}, bench.BenchmarkError, "must not set ['d_x']"),
+    ({"type": "baseline", "pair": "h2_l1", "model": {"tucker_ranks": [2, 3, 3]}}, ConfigError, "applies only to attention='tucker'"),
+    ({"type": "four_tensor", "pair": "h2_l1", "model": {"qkv_form": "tucker", "tucker_ranks": [9, 1, 1, 1]}}, ConfigError, "r_m = 9"),
+    ({"pair": "h2_l1"}, bench.BenchmarkError, "must be {type, pair, model}"),
+])
+def test_a_bad_variant_is_an_error_when_the_preset_is_read(tmp_path, variant, error, message):
+    preset = json.loads(json.dumps(TINY_ATTENTION_PRESET))
+    preset["variants"] = {"bad": variant}
+    with pytest.raises(error) as info:
+        bench.load_preset(write_preset(tmp_path / "bad.yaml", preset))
+    assert message in str(info.value)
+
+
+def test_the_attention_preset_spans_the_rank_settings_the_issue_asks_for():
+    cpu, spec = bench.load_preset("cpu"), bench.load_preset("attention")
+    assert spec["pairs"] == {"h4_l2": cpu["pairs"]["h4_l2"]}
+    assert (spec["model"], spec["training"], spec["budget"]["train_subset"]) == (cpu["model"], cpu["training"], cpu["budget"]["train_subset"])
+    assert spec["budget"]["max_minutes"] <= 45
+    dense = attn.config_attention_parameters(bench.run_config(spec, "h4_l2", "four_tensor")["model"], 100)
+    ratios, kinds = [], set()
+    for name, v in spec["variants"].items():
+        section = bench.run_config(spec, "h4_l2", v["type"], variant=name)["model"]
+        kinds.add((v["type"], attn.attention_kind(section)))
+        if v["type"] == "four_tensor":
+            ratios.append(dense / attn.config_attention_parameters(section, 100))
+    assert kinds == {("four_tensor", "tucker"), ("baseline", "gqa"), ("baseline", "mla"), ("baseline", "tucker")}
+    assert len(ratios) == 3 and min(ratios) <= 2.5 and max(ratios) >= 8 and sum(r >= 5 for r in ratios) >= 1

@@ -2,6 +2,7 @@
 
     python -m world_model.benchmark --preset cpu --data DATA_DIR --out OUT_DIR \
         [--max-epochs E] [--max-minutes M] [--train-subset K] [--pairs h2_l2,h4_l2,h4_l3] [--resume] [--no-progress]
+    python -m world_model.benchmark --preset attention --data DATA_DIR --out OUT_DIR     # issue 7: low-rank attention
     accelerate launch -m world_model.benchmark --preset paper --data DATA_DIR --out OUT_DIR     # GPUs
 
 A preset (`--preset cpu`, `--preset paper`, i.e. configs/benchmark/<name>.yaml, or the path of such a YAML
@@ -12,12 +13,19 @@ one after the other, on the same training windows and the same validation window
 checkpoint with its own selection loss and stops by the rule of section 8.2 (or by the budget, which is
 then reported as such).
 
+Variants (issue 7). A preset may add a `variants:` section: name -> {type, pair, model}, one more run of
+the pair's model `type` with the `model` overrides (its attention form: the 4-tensor's qkv_form tucker and
+tucker_ranks, the baseline's attention gqa / mla / tucker and their sizes; the settings every run shares
+cannot be overridden). It trains after the pair's two runs into OUT/runs/<pair>_<type>_<name>/ and is
+compared with the pair's run of the same type, its reference; see world_model/attention_benchmark.py.
+
 OUT receives
     runs/<pair>_<model>/   the training runs (see world_model/train.py)
     results.json           everything: per-run metrics and per-epoch histories, per-pair differences and time
                            ratios, the paper-preset parameter check, the command, the corpus, the machine
     results.md             the tables (the layout of the paper's Table 5) and notes
     ls4_per_epoch.png      the paper's Figure 2: L_S(4) per epoch of both models, one panel per pair
+    ls4_vs_attention_params.png   with variants only: L_S(4) against attention parameters, the Pareto front
 
 Budget. `--max-minutes M` (or the preset's budget.max_minutes) is the time of the whole command. Before
 any training, one epoch of every run is estimated from a quick timing of a few optimizer steps and a few
@@ -49,6 +57,7 @@ from typing import Any, Sequence
 import torch
 import yaml
 
+from world_model import attention_benchmark as attn
 from world_model import train as train_mod
 from world_model.checkpoint import CheckpointError, write_json_atomic
 from world_model.config_io import ConfigError, validate_config
@@ -59,7 +68,8 @@ from world_model.train import METRICS_FILE, RUN_FILE, RUN_MARKERS, SUMMARY_FILE,
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "benchmark"
 MODELS = ("four_tensor", "baseline")  # run order within a pair
 MODEL_LABELS = {"four_tensor": "4-tensor", "baseline": "baseline"}
-PRESET_SECTIONS = ("pairs", "model", "training", "budget")
+PRESET_SECTIONS = ("pairs", "model", "training", "budget", "variants")
+VARIANT_FIELDS = ("type", "pair", "model")
 BUDGET_FIELDS = ("train_subset", "max_minutes")
 PAIR_FIELDS = ("n_heads", "n_layers")
 SHARED_MODEL_KEYS = ("d_x", "d_t", "n_heads", "n_layers", "n_tokens", "n_states", "dropout")
@@ -136,21 +146,51 @@ def load_preset(preset: str | os.PathLike) -> dict:
     budget = data.get("budget") or {}
     if not isinstance(budget, dict) or any(k not in BUDGET_FIELDS for k in budget):
         raise BenchmarkError(f"{path}: 'budget' may only set {list(BUDGET_FIELDS)}")
-    return {"name": path.stem, "path": str(path), "pairs": {str(k): dict(v) for k, v in pairs.items()},
-            "model": dict(model), "training": dict(training), "budget": {k: budget.get(k) for k in BUDGET_FIELDS}}
+    spec = {"name": path.stem, "path": str(path), "pairs": {str(k): dict(v) for k, v in pairs.items()},
+            "model": dict(model), "training": dict(training), "budget": {k: budget.get(k) for k in BUDGET_FIELDS},
+            "variants": check_variants(data.get("variants") or {}, pairs, path)}
+    for name, variant in spec["variants"].items():
+        run_config(spec, variant["pair"], variant["type"], variant=name)  # a bad override is an error here, before any data
+    return spec
 
 
-def run_config(preset: dict, pair: str, model_type: str, max_epochs: int | None = None) -> dict:
-    """The validated train() config of one run: the preset's shared settings plus the pair's H, L."""
-    config = {"model": {"type": model_type, **preset["model"], **preset["pairs"][pair]},
+def check_variants(variants: Any, pairs: dict, path: Path) -> dict:
+    """The preset's `variants:` section, checked: {name: {"type", "pair", "model": overrides}}."""
+    if not isinstance(variants, dict):
+        raise BenchmarkError(f"{path}: 'variants' must map variant names to {{type, pair, model}}")
+    out = {}
+    for name, v in variants.items():
+        where = f"{path}: variant {name!r}"
+        if not isinstance(name, str) or not name or not all(ch.isalnum() or ch in "_-." for ch in name):
+            raise BenchmarkError(f"{where}: a variant name is letters, digits, '_', '-' and '.' (it names the run folder)")
+        if not isinstance(v, dict) or sorted(k for k in v if k != "model") != ["pair", "type"] or any(k not in VARIANT_FIELDS for k in v):
+            raise BenchmarkError(f"{where} must be {{type, pair, model}}, got {v!r}")
+        if v["type"] not in MODELS:
+            raise BenchmarkError(f"{where}: type {v['type']!r} is not one of {list(MODELS)}")
+        if v["pair"] not in pairs:
+            raise BenchmarkError(f"{where}: pair {v['pair']!r} is not a pair of the preset ({', '.join(map(str, pairs))})")
+        overrides = v.get("model") or {}
+        if not isinstance(overrides, dict):
+            raise BenchmarkError(f"{where}: 'model' must be a mapping of model settings")
+        fixed = [k for k in ("type", *SHARED_MODEL_KEYS) if k in overrides]
+        if fixed:
+            raise BenchmarkError(f"{where}: 'model' must not set {fixed}: a variant shares them with its reference")
+        out[name] = {"type": v["type"], "pair": v["pair"], "model": dict(overrides)}
+    return out
+
+
+def run_config(preset: dict, pair: str, model_type: str, max_epochs: int | None = None, variant: str | None = None) -> dict:
+    """The validated train() config of one run: the preset's shared settings plus the pair's H, L (and a variant's overrides)."""
+    overrides = preset["variants"][variant]["model"] if variant else {}
+    config = {"model": {"type": model_type, **preset["model"], **preset["pairs"][pair], **overrides},
               "training": dict(preset["training"])}
     if max_epochs is not None:
         config["training"]["max_epochs"] = max_epochs
-    return validate_config(config, source=f"preset {preset['name']}, pair {pair}, {model_type}")
+    return validate_config(config, source=f"preset {preset['name']}, pair {pair}, {model_type}" + (f", variant {variant}" if variant else ""))
 
 
-def run_name(pair: str, model_type: str) -> str:
-    return f"{pair}_{model_type}"
+def run_name(pair: str, model_type: str, variant: str | None = None) -> str:
+    return f"{pair}_{model_type}" + (f"_{variant}" if variant else "")
 
 
 # ----- the paper-preset parameter check (meta device: nothing is allocated) -----
@@ -248,6 +288,7 @@ def run_record(pair: str, model_type: str, folder: Path, out: Path, extra: dict)
         "pair": pair, "model_type": model_type, "n_heads": mc["n_heads"], "n_layers": mc["n_layers"],
         "run_dir": str(folder.relative_to(out)) if folder.is_relative_to(out) else str(folder),
         "parameters": s["parameters"],
+        "attention_parameters": attn.config_attention_parameters(mc, s["corpus_statistics"]["vocab_size"]),
         "best_epoch": s["best_epoch"], "last_epoch": s["last_epoch"], "max_epochs": s["config"]["training"]["max_epochs"],
         "stop_reason": s["stop_reason"], "stopped_by": STOPPED_BY.get(s["stop_reason"], str(s["stop_reason"])),
         "val_last_ce": best.get("val_last_ce"), "val_token_accuracy": best.get("val_token_accuracy"),
@@ -271,18 +312,24 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b is not None and b > 0 else None
 
 
+def run_mismatches(a: dict, b: dict) -> list[str]:
+    """What differs between two run records that must be matched: training settings, shared model settings, data."""
+    mismatches = config_differences(a["config"]["training"], b["config"]["training"])
+    mismatches += [f"model.{k}: {a['config']['model'][k]!r} -> {b['config']['model'][k]!r}"
+                   for k in SHARED_MODEL_KEYS if a["config"]["model"][k] != b["config"]["model"][k]]
+    for key in ("train_subset", "train_windows", "validation_windows", "vocab_size"):
+        if a[key] != b[key]:
+            mismatches.append(f"{key}: {a[key]!r} -> {b[key]!r}")
+    return mismatches
+
+
 def pair_record(pair: str, rows: dict[str, dict | None]) -> dict:
     """Δ L_S(4) = baseline - 4-tensor, the time ratios baseline / 4-tensor, and the matching check of one pair."""
     four, base = rows.get("four_tensor"), rows.get("baseline")
     record: dict[str, Any] = {"pair": pair, "complete": four is not None and base is not None}
     if not record["complete"]:
         return record
-    mismatches = [d for d in config_differences(four["config"]["training"], base["config"]["training"])]
-    mismatches += [f"model.{k}: {four['config']['model'][k]!r} -> {base['config']['model'][k]!r}"
-                   for k in SHARED_MODEL_KEYS if four["config"]["model"][k] != base["config"]["model"][k]]
-    for key in ("train_subset", "train_windows", "validation_windows", "vocab_size"):
-        if four[key] != base[key]:
-            mismatches.append(f"{key}: {four[key]!r} -> {base[key]!r}")
+    mismatches = run_mismatches(four, base)
     record.update({
         "n_heads": four["n_heads"], "n_layers": four["n_layers"],
         "delta_last_ce": difference(base["val_last_ce"], four["val_last_ce"]),
@@ -367,6 +414,7 @@ def notes_for(results: dict) -> list[str]:
         notes.append(f"Closest parameter match here: {close['pair']} (baseline / 4-tensor parameters {close['parameter_ratio']:.3f}); "
                      f"there {verdict} (Δ L_S(4) {close['delta_last_ce']:+.4f}). In the paper it is h4_l2 (175.9M / 172.5M), "
                      "Δ +0.147.")
+    notes += attn.notes(results)
     m = results["machine"]
     notes.append(f"Times are this machine's ({m['cpu_count']} CPU(s), torch {m['torch']} with {m['torch_threads']} thread(s), "
                  f"device {m['device']}; load average {m['load_average_start']} at the start, {m.get('load_average_end')} at the end). "
@@ -414,7 +462,10 @@ def write_markdown(results: dict, path: Path) -> None:
                      f"{fmt(fb['lowest_val_last_ce'], '.4f')} (ep {fb['lowest_val_last_ce_epoch']}) ({fmt(p['delta_lowest_last_ce'], '+.4f')}) | "
                      f"{fmt(p['time_to_best_ratio'], '.2f')} | {fmt(p['total_time_ratio'], '.2f')} | {fmt(p['parameter_ratio'], '.3f')} | "
                      f"{'yes' if p['matched'] else 'NO'} |")
-    lines += ["", f"![L_S(4) per epoch]({FIGURE})", "",
+    lines += ["", f"![L_S(4) per epoch]({FIGURE})"]
+    if results.get("attention"):
+        lines += attn.markdown_lines(results)
+    lines += ["",
               f"## Check: parameter totals of the paper preset (meta device, vocabulary {PAPER_VOCAB_SIZE:,})", "",
               "| pair | model | parameters (exact) | millions | paper | match |", "|---|---|---:|---:|---:|---|"]
     for c in results["paper_parameter_check"]:
@@ -469,6 +520,8 @@ def write_reports(results: dict, out: Path) -> None:
     write_json_atomic(out / RESULTS_JSON, results)
     write_markdown(results, out / RESULTS_MD)
     plot_ls4(results, out / FIGURE)
+    if results.get("attention"):
+        attn.plot_pareto(results, out / attn.PARETO_FIGURE)
 
 
 def machine_info(device: torch.device) -> dict:
@@ -500,10 +553,15 @@ class Run:
     model_type: str
     config: dict
     folder: Path
+    variant: str | None = None  # None: one of the pair's two runs
     done: bool = False
     estimate_seconds: float | None = None
     max_minutes: float | None = None
     extra: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return run_name(self.pair, self.model_type, self.variant)
 
 
 def run_benchmark(preset: str | os.PathLike, data_dir: str | os.PathLike, out_dir: str | os.PathLike,
@@ -546,7 +604,12 @@ def run_benchmark(preset: str | os.PathLike, data_dir: str | os.PathLike, out_di
                              "use --max-epochs (the paper preset has no time budget)")
 
     out = Path(out_dir)
-    runs = [Run(pair, mt, run_config(spec, pair, mt, max_epochs), out / RUNS_DIR / run_name(pair, mt)) for pair in chosen for mt in MODELS]
+    runs = []
+    for pair in chosen:  # the pair's two runs, then its variants
+        runs += [Run(pair, mt, run_config(spec, pair, mt, max_epochs), out / RUNS_DIR / run_name(pair, mt)) for mt in MODELS]
+        runs += [Run(pair, v["type"], run_config(spec, pair, v["type"], max_epochs, variant=name),
+                     out / RUNS_DIR / run_name(pair, v["type"], name), variant=name)
+                 for name, v in spec["variants"].items() if v["pair"] == pair]
 
     find_split_files(data_dir)  # DataError (no training or no validation file) before anything else reads the data
     corpus = load_corpus(data_dir)
@@ -588,14 +651,14 @@ def run_benchmark(preset: str | os.PathLike, data_dir: str | os.PathLike, out_di
         if short:
             raise BenchmarkError(
                 f"--max-minutes {m:g} is too small: after the set-up it leaves {max(share, 0):.1f} s per run for {len(todo)} run(s), "
-                "below one estimated epoch of " + ", ".join(f"{run_name(r.pair, r.model_type)} ({r.estimate_seconds:.1f} s)" for r in short)
+                "below one estimated epoch of " + ", ".join(f"{r.name} ({r.estimate_seconds:.1f} s)" for r in short)
                 + f". One epoch of every run needs about {sum(r.estimate_seconds for r in todo) / 60 + (time.monotonic() - t_start) / 60:.1f} "
                   "minutes in all; raise --max-minutes or lower --train-subset.")
 
     settings = {"pairs": chosen, "max_epochs": runs[0].config["training"]["max_epochs"], "train_subset": k, "max_minutes": m,
                 "share_minutes": share / 60 if share is not None else None,  # the equal share at the start
                 "resume": resume,
-                "estimated_epoch_seconds": {run_name(r.pair, r.model_type): r.estimate_seconds for r in todo if r.estimate_seconds is not None}}
+                "estimated_epoch_seconds": {r.name: r.estimate_seconds for r in todo if r.estimate_seconds is not None}}
     results: dict[str, Any] = {
         "preset": spec, "command": command or "python -m world_model.benchmark " + shlex.join(sys.argv[1:]),
         "settings": settings, "data_dir": str(data_dir), "corpus_statistics": stats,
@@ -607,18 +670,27 @@ def run_benchmark(preset: str | os.PathLike, data_dir: str | os.PathLike, out_di
     def collect() -> None:
         rows = [run_record(r.pair, r.model_type, r.folder, out, {"skipped_by_resume": r.done, "estimated_epoch_seconds": r.estimate_seconds,
                                                                   "max_minutes_given": r.max_minutes, **r.extra}) for r in runs]
-        results["runs"] = [row for row in rows if row is not None]
+        results["runs"] = [row for row, r in zip(rows, runs) if row is not None and r.variant is None]
         by_pair: dict[str, dict] = {}
         for row in results["runs"]:
             by_pair.setdefault(row["pair"], {})[row["model_type"]] = row
         results["pairs"] = [pair_record(pair, by_pair.get(pair, {})) for pair in chosen if pair in by_pair]
+        if spec["variants"]:
+            results["variants"] = []
+            for row, r in zip(rows, runs):
+                if row is not None and r.variant is not None:
+                    reference = by_pair.get(r.pair, {}).get(r.model_type)
+                    results["variants"].append({**row, "variant": r.variant,
+                                                "mismatches": run_mismatches(reference, row) if reference else None})
+            results["attention"] = attn.attention_rows(results["runs"], results["variants"])
+            results["attention_target"] = attn.target_check(results["attention"])
         results["elapsed_seconds"] = time.monotonic() - t_start
         results["machine"]["load_average_end"] = load_average()
 
     if is_main:
         (out / RUNS_DIR).mkdir(parents=True, exist_ok=True)
     for i, run in enumerate(runs, 1):
-        name = run_name(run.pair, run.model_type)
+        name = run.name
         if run.done:
             print(f"[{i}/{len(runs)}] {name}: finished before ({run.folder / SUMMARY_FILE}); skipped", flush=True)
             continue
@@ -638,7 +710,8 @@ def run_benchmark(preset: str | os.PathLike, data_dir: str | os.PathLike, out_di
             write_reports(results, out)
     if is_main:
         collect()
-        results["complete"] = all(p["complete"] for p in results["pairs"]) and len(results["pairs"]) == len(chosen)
+        results["complete"] = (all(p["complete"] for p in results["pairs"]) and len(results["pairs"]) == len(chosen)
+                               and len(results.get("variants", [])) == sum(r.variant is not None for r in runs))
         results["finished_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         out.mkdir(parents=True, exist_ok=True)
         write_reports(results, out)
@@ -647,7 +720,8 @@ def run_benchmark(preset: str | os.PathLike, data_dir: str | os.PathLike, out_di
 
 
 def print_summary(results: dict, out: Path) -> None:
-    print(f"\nresults: {out / RESULTS_MD}, {out / RESULTS_JSON}, {out / FIGURE}")
+    print(f"\nresults: {out / RESULTS_MD}, {out / RESULTS_JSON}, {out / FIGURE}"
+          + (f", {out / attn.PARETO_FIGURE}" if results.get("attention") else ""))
     for r in results["runs"]:
         print(f"  {r['pair']:>6} {MODEL_LABELS[r['model_type']]:>8}: {r['parameters']:>12,} parameters, epoch {r['best_epoch']}/{r['last_epoch']} "
               f"({r['stopped_by']}), L_S(4) {fmt(r['val_last_ce'], '.4f')}, acc {fmt(r['val_token_accuracy'], '.4f')}, "
@@ -656,6 +730,12 @@ def print_summary(results: dict, out: Path) -> None:
         if p["complete"]:
             print(f"  {p['pair']:>6}: Δ L_S(4) (baseline - 4-tensor) {fmt(p['delta_last_ce'], '+.4f')}, "
                   f"time-to-selected ratio (baseline / 4-tensor) {fmt(p['time_to_best_ratio'], '.2f')}")
+    for a in results.get("attention", []):
+        print(f"  {a['pair']:>6} {MODEL_LABELS[a['model_type']]:>8} {a['variant']}: {a['attention']}, {a['attention_parameters']:,} attention "
+              f"parameters ({fmt(a['attention_ratio'], '.2f')}x fewer than the reference), L_S(4) {fmt(a['val_last_ce'], '.4f')} "
+              f"(Δ {fmt(a['delta_percent'], '+.2f')}%)" + (", Pareto" if a.get("pareto") else ""))
+    for note in attn.target_notes(results.get("attention_target", [])):
+        print(f"  {note}")
     for c in results["paper_parameter_check"]:
         print(f"  paper preset {c['pair']:>6} {MODEL_LABELS[c['model_type']]:>8}: {c['parameters']:,} = {c['parameters_m']:.1f}M "
               f"(paper {c['paper_m']}M) {'ok' if c['match'] else 'MISMATCH'}")
@@ -663,7 +743,7 @@ def print_summary(results: dict, out: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="The paper's Table 5 benchmark: 4-tensor model vs flat baseline at matched settings.")
-    parser.add_argument("--preset", required=True, help="cpu, paper (configs/benchmark/<name>.yaml) or the path of a preset YAML file")
+    parser.add_argument("--preset", required=True, help="cpu, attention, paper (configs/benchmark/<name>.yaml) or the path of a preset YAML file")
     parser.add_argument("--data", required=True, type=Path, help="folder with ROCStories*.csv and cloze_test_*.csv")
     parser.add_argument("--out", required=True, type=Path, help="output folder (must not hold a benchmark unless --resume)")
     parser.add_argument("--max-epochs", type=int, help="override the preset's epoch cap (every run)")
