@@ -1,8 +1,14 @@
-"""Train a predictor on ROCStories windows with the optimisation and checkpoint rule of section 8.2.
+"""Train a predictor on sentence windows with the optimisation and checkpoint rule of section 8.2.
 
     python -m world_model.train --config configs/world_model/cpu.yaml --data DATA_DIR --out OUT_DIR \
         [--resume] [--max-epochs E] [--max-minutes M] [--train-subset K] [--seed S]
     accelerate launch -m world_model.train ...        # several GPUs; batch_size is per device
+
+DATA_DIR is either a ROCStories folder (ROCStories*.csv for training, cloze_test_*.csv for validation; one
+window of 5 sentences per story) or a synthetic-world folder holding train/episodes.jsonl
+(configs/world_model/synthetic.yaml; one window per second t >= 1 of an episode: the T sentences before it,
+left-padded at the start, then sentence t; see world_model.world_sentences). The kind is read off the
+folder's contents.
 
 OUT_DIR receives
     run.json        the normalised config and training subset (what --resume checks), corpus statistics
@@ -46,6 +52,7 @@ from world_model.evaluate import evaluation_sums, metrics_from_sums
 from world_model.models import build_model, count_parameters, model_vocab_size
 from world_model.rocstories import DataError, build_vocabulary, corpus_statistics, encode_windows, load_corpus
 from world_model.vocab import Vocabulary
+from world_model.world_sentences import data_kind, load_world_windows
 
 RUN_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"
@@ -107,6 +114,19 @@ def derived_seed(*parts: Any) -> int:
 
 
 # ----- data -----
+def load_training_windows(data_dir: str | os.PathLike, n_states: int, n_tokens: int,
+                          train_subset: int | None = None) -> tuple[Vocabulary, dict, torch.Tensor, torch.Tensor]:
+    """(vocabulary, data statistics, training windows (S, T+1, N), validation windows) of a ROCStories or a
+    synthetic-world folder; `train_subset` keeps the first K training stories or episodes."""
+    if data_kind(data_dir) == "world":
+        return load_world_windows(data_dir, n_states, n_tokens, train_subset)
+    corpus = load_corpus(data_dir)
+    vocab = build_vocabulary(corpus)
+    stats = corpus_statistics(corpus, vocab, n_tokens)
+    train_stories = corpus.train[:train_subset] if train_subset else corpus.train
+    return vocab, stats, encode_windows(train_stories, vocab, n_tokens), encode_windows(corpus.validation, vocab, n_tokens)
+
+
 class WindowDataset(Dataset):
     """Stored windows (S, T+1, N); a list of indices is fetched as one tensor."""
 
@@ -336,7 +356,7 @@ def train(
     """Train, write OUT_DIR (see the module docstring) and return the summary dict.
 
     `config` is a config dict or a YAML path; `max_epochs` and `seed` override its training section.
-    `train_subset` keeps the first K training stories (the vocabulary still covers the whole pool).
+    `train_subset` keeps the first K training stories or episodes (the vocabulary still covers the whole pool).
     `step_delay` sleeps after every optimizer step (used by tests to interrupt a run mid-epoch).
     """
     t_start = time.monotonic()
@@ -347,7 +367,7 @@ def train(
         config["training"]["seed"] = seed
     config = validate_config(config, source="config with command-line overrides")
     if train_subset is not None and (isinstance(train_subset, bool) or not isinstance(train_subset, int) or train_subset < 1):
-        raise TrainingError(f"--train-subset must be a positive number of stories, got {train_subset!r}")
+        raise TrainingError(f"--train-subset must be a positive number of stories or episodes, got {train_subset!r}")
     if max_minutes is not None and not (isinstance(max_minutes, (int, float)) and max_minutes > 0 and math.isfinite(max_minutes)):
         raise TrainingError(f"--max-minutes must be a positive number of minutes, got {max_minutes!r}")
     tc, mc = config["training"], config["model"]
@@ -373,13 +393,8 @@ def train(
         if diffs:
             raise TrainingError(f"--resume: the requested run differs from the one in {out}: " + "; ".join(diffs))
 
-    corpus = load_corpus(data_dir)  # DataError before any training
-    n_tokens = mc.get("n_tokens", 16)
-    vocab = build_vocabulary(corpus)
-    stats = corpus_statistics(corpus, vocab, n_tokens)
-    train_stories = corpus.train[:train_subset] if train_subset else corpus.train
-    train_windows = encode_windows(train_stories, vocab, n_tokens)
-    val_windows = encode_windows(corpus.validation, vocab, n_tokens)
+    vocab, stats, train_windows, val_windows = load_training_windows(  # DataError before any training
+        data_dir, mc.get("n_states", 4), mc.get("n_tokens", 16), train_subset)
 
     from accelerate import Accelerator
     from accelerate.utils import set_seed
@@ -398,8 +413,9 @@ def train(
         accelerator.print(*args, flush=True)
 
     say("corpus: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in stats.items()))
-    if train_subset and train_subset > len(corpus.train):
-        say(f"note: --train-subset {train_subset} exceeds the {len(corpus.train)} training stories; using all of them")
+    unit = "episodes" if "train_episodes" in stats else "stories"
+    if train_subset and train_subset > stats[f"train_{unit}"]:
+        say(f"note: --train-subset {train_subset} exceeds the {stats[f'train_{unit}']} training {unit}; using all of them")
     say(f"windows: train {tuple(train_windows.shape)}, validation {tuple(val_windows.shape)}; "
         f"{accelerator.num_processes} process(es) on {accelerator.device}, batch {tc['batch_size']} per process")
 
@@ -556,14 +572,15 @@ def train(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Train the world-model predictor on ROCStories (paper, section 8.2).")
+    parser = argparse.ArgumentParser(description="Train the world-model predictor on ROCStories or synthetic-world sentences (paper, section 8.2).")
     parser.add_argument("--config", required=True, type=Path, help="YAML config (configs/world_model/*.yaml)")
-    parser.add_argument("--data", required=True, type=Path, help="folder with ROCStories*.csv and cloze_test_*.csv")
+    parser.add_argument("--data", required=True, type=Path,
+                        help="folder with ROCStories*.csv and cloze_test_*.csv, or a synthetic world's folder holding train/episodes.jsonl")
     parser.add_argument("--out", required=True, type=Path, help="output folder (must not hold a run unless --resume)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its last completed epoch")
     parser.add_argument("--max-epochs", type=int, help="override training.max_epochs")
     parser.add_argument("--max-minutes", type=float, help="stop after the epoch in which this many minutes have passed")
-    parser.add_argument("--train-subset", type=int, help="train on the first K training stories only")
+    parser.add_argument("--train-subset", type=int, help="train on the first K training stories (or episodes) only")
     parser.add_argument("--seed", type=int, help="override training.seed")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--step-delay", type=float, default=0.0, help=argparse.SUPPRESS)  # tests: slow a run down to interrupt it
