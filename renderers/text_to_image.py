@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import math
 from pathlib import Path
@@ -67,7 +68,7 @@ class DiffusersRenderer:
         height: int | None = None,
         width: int | None = None,
         strength: float = 0.6,
-        pipeline_class: type[DiffusionPipeline] | None = None,
+        pipeline_class: type[DiffusionPipeline] | str | None = None,
         trust_remote_code: bool = False,
     ) -> DiffusersRenderer:
         """Load a pipeline from a hub id or a ``save_pretrained`` folder; fp16 on CUDA, fp32 elsewhere.
@@ -75,11 +76,14 @@ class DiffusersRenderer:
         Settings left ``None`` come from ``KNOWN_DEFAULTS`` for known hub ids, else from the
         pipeline's own defaults.  ``strength`` is how far image-to-image moves from the init image.
         A folder whose pipeline class diffusers does not provide loads with ``pipeline_class`` (the
-        class itself), or, when its code ships in the folder (``model_index.json`` ``_class_name``
+        class itself, or its import path ``"package.module:ClassName"`` as a YAML preset names it),
+        or, when its code ships in the folder (``model_index.json`` ``_class_name``
         ``["pipeline", "ClassName"]`` next to ``pipeline.py``), with ``trust_remote_code=True``.
 
         Raises ``ModelLoadError`` saying whether the folder lacks files or the hub id is not cached.
         """
+        if isinstance(pipeline_class, str):
+            pipeline_class = resolve_pipeline_class(pipeline_class)
         device = default_device(device)
         dtype = torch.float16 if device.type == "cuda" else torch.float32
         try:
@@ -134,6 +138,24 @@ class DiffusersRenderer:
                 raise ValueError(f"{type(self.pipeline).__name__} has no image-to-image counterpart") from error
             self._image_to_image.set_progress_bar_config(disable=True)
         return self._image_to_image
+
+
+def resolve_pipeline_class(path: str) -> type[DiffusionPipeline]:
+    """The ``DiffusionPipeline`` subclass named ``"package.module:ClassName"``; ``ValueError`` saying which part
+    does not resolve."""
+    module_name, _, class_name = path.partition(":")
+    if not module_name or not class_name:
+        raise ValueError(f"pipeline_class {path!r} must look like 'package.module:ClassName'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(f"pipeline_class {path!r}: cannot import module {module_name!r} ({error})") from error
+    pipeline_class = getattr(module, class_name, None)
+    if not (isinstance(pipeline_class, type) and issubclass(pipeline_class, DiffusionPipeline)):
+        found = "nothing" if pipeline_class is None else type(pipeline_class).__name__
+        raise ValueError(f"pipeline_class {path!r}: module {module_name!r} has {found} named {class_name!r}, "
+                         "not a DiffusionPipeline subclass")
+    return pipeline_class
 
 
 def _load_pipeline(

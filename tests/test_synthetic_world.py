@@ -263,3 +263,73 @@ def test_cli_writes_clips_records_and_summary(tmp_path):
     assert sw.main([*args, "--overwrite", "--episodes", "1"]) == 0
     assert len((split / "episodes.jsonl").read_text().splitlines()) == 1
     assert not list(tmp_path.glob(".heldout.partial-*"))
+
+
+def test_replay_reaches_the_recorded_state():
+    for i in range(12):
+        seed = sw.episode_seed(3, i, "heldout")
+        ep = sw.simulate(seed, seconds=8, fps=4)
+        for seconds in (0, 3, 8):
+            reached, sentences = sw.replay(seed, seconds, fps=4)
+            assert reached.kind == ep.kind and sentences == ep.sentences[:seconds]
+            if 0 < seconds < 8:
+                assert sw.next_distribution(reached) == ep.next[seconds - 1]
+    other = sw.simulate(7, scenes=("elevator", "ball"), seconds=6, fps=4).record()
+    assert sw.k_step_ceilings(other, 2, 3, scenes=("elevator", "ball"))
+    with pytest.raises(ValueError, match="scene types"):
+        sw.k_step_ceilings({**other, "sentences": other["sentences"][::-1]}, 2, 3, scenes=("elevator", "ball"))
+
+
+def test_k_step_distributions_are_the_marginals_of_the_outcome_tree():
+    start = scene("elevator", 0, floor=2, pos=2.0, occupied=True)
+    steps = 6
+    leaves = enumerate_leaves(start, steps)
+    dists = sw.k_step_distributions(start, steps)
+    assert len(dists) == steps
+    for k, dist in enumerate(dists):
+        marginal = {}
+        for p, path in leaves:
+            marginal[path[k][1]] = marginal.get(path[k][1], 0.0) + p
+        assert dict(dist).keys() == marginal.keys()
+        assert all(math.isclose(dict(dist)[s], p) for s, p in marginal.items())
+        assert math.isclose(sum(p for _, p in dist), 1.0) and math.isclose(dist[0][1], max(marginal.values()))
+
+
+def test_k_step_ceilings_by_hand_for_an_empty_car_at_open_doors():
+    # floor two, doors open, nobody inside: walk in or not, close, then a call to floor one (weight 2 of 4),
+    # three or four (1 each); floor one and three are one second away, four two seconds.
+    lift = scene("elevator", 0, floor=2, pos=2.0, occupied=False, phase="board", doors=1.0)
+    dists = sw.k_step_distributions(lift, 4)
+    assert dict(dists[0]) == {"a person walks into the elevator on floor two.": sw.P_ENTER,
+                              "the elevator waits on floor two with its doors open.": 1 - sw.P_ENTER}
+    assert dict(dists[1]) == {"the elevator closes its doors on floor two.": 1.0}
+    down = sw.CALL_WEIGHTS[1] / (sw.CALL_WEIGHTS[1] + sw.CALL_WEIGHTS[3] + sw.CALL_WEIGHTS[4])
+    up = (1 - down) / 2
+    assert dict(dists[2]) == pytest.approx({"the elevator goes down and stops at floor one.": down,
+                                            "the elevator goes up and stops at floor three.": up,
+                                            "the elevator goes up to floor three on its way to floor four.": up})
+    assert dict(dists[3]) == pytest.approx({
+        "the elevator opens its doors on floor one with a person inside.": down * sw.P_ENTER,
+        "the empty elevator opens its doors on floor one.": down * (1 - sw.P_ENTER),
+        "the elevator opens its doors on floor three with a person inside.": up * sw.P_ENTER,
+        "the empty elevator opens its doors on floor three.": up * (1 - sw.P_ENTER),
+        "the elevator goes up and stops at floor four.": up})
+
+
+def test_k_step_ceilings_agree_with_the_record_and_are_one_for_deterministic_scenes():
+    kinds = set()
+    for i in range(15):
+        record = json.loads(json.dumps(sw.simulate(sw.episode_seed(4, i, "heldout"), seconds=8, fps=4).record()))
+        kinds.add(record["scene"])
+        for observe in (1, 3, 5):
+            ceilings = sw.k_step_ceilings(record, observe, 8 - observe)
+            assert len(ceilings) == 8 - observe and all(0 < c <= 1 for c in ceilings)
+            assert math.isclose(ceilings[0], record["next"][observe - 1]["best_p"])
+            if record["scene"] in ("ball", "box"):
+                assert ceilings == [1.0] * len(ceilings)
+            assert sw.k_step_ceilings(record["seed"], observe, 2, fps=4) == ceilings[:2]
+        if record["scene"] == "elevator":
+            assert min(sw.k_step_ceilings(record, 3, 5)) < 1
+    assert kinds == set(sw.SCENE_TYPES)
+    with pytest.raises(ValueError, match="cannot observe"):
+        sw.k_step_ceilings(record, 9, 1)

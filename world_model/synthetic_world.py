@@ -487,6 +487,78 @@ def simulate(ep_seed: int, scenes: Sequence[str] = SCENE_TYPES, seconds: int = D
     return episode
 
 
+def replay(ep_seed: int, seconds: int, scenes: Sequence[str] = SCENE_TYPES,
+           fps: int = DEFAULT_FPS) -> tuple[Scene, list[str]]:
+    """The scene of episode ``ep_seed`` in the state it reached at the end of its first ``seconds``
+    seconds, and the sentences of those seconds. ``simulate`` draws the scene type, the scene's
+    attributes and every second's outcome from one generator, in that order; this makes the same
+    draws in the same order, so the state is the one the episode actually reached (``scenes`` must
+    be the list the episode was generated with: it changes the first draw)."""
+    if seconds < 0:
+        raise ValueError(f"need seconds >= 0, got {seconds}")
+    rng = np.random.default_rng(ep_seed)
+    scene = SCENES[scenes[int(rng.integers(len(scenes)))]](rng, fps)
+    pick = sampler(rng)
+    sentences = []
+    for _ in range(seconds):
+        options = scene.choices()
+        text, _ = scene.advance(options[pick(options)][1])
+        sentences.append(text)
+    return scene, sentences
+
+
+def k_step_distributions(scene: Scene, steps: int) -> list[list[tuple[str, float]]]:
+    """Exact distribution of the sentence of each of the next ``steps`` seconds from the scene's
+    current state: entry ``k - 1`` is that of the ``k``-th second ahead, most likely first (ties
+    alphabetically). Walks the tree of every second's ``choices()`` on copies of the scene; branches
+    that reach the same full state are merged, so the tree stays as wide as the set of reachable states."""
+    if steps < 1:
+        raise ValueError(f"need steps >= 1, got {steps}")
+    frontier = [(1.0, scene)]
+    distributions = []
+    for _ in range(steps):
+        mass: dict[str, float] = {}
+        states: dict[str, tuple[float, Scene]] = {}
+        for p, state in frontier:
+            for q, outcome in state.choices():
+                if q <= 0:
+                    continue
+                child = copy.deepcopy(state)
+                text, _ = child.advance(outcome)
+                mass[text] = mass.get(text, 0.0) + p * q
+                key = repr(sorted(vars(child).items()))
+                states[key] = (states[key][0] + p * q, child) if key in states else (p * q, child)
+        distributions.append(sorted(mass.items(), key=lambda item: (-item[1], item[0])))
+        frontier = list(states.values())
+    return distributions
+
+
+def k_step_ceilings(episode: dict | int, observe: int, steps: int, scenes: Sequence[str] = SCENE_TYPES,
+                    fps: int = DEFAULT_FPS) -> list[float]:
+    """Expected exact-match accuracy of the Bayes-optimal predictor of the sentence ``k`` seconds
+    ahead (``k = 1..steps``) for one episode, after it has seen seconds ``0..observe-1`` (the
+    simulator's full state at the end of second ``observe - 1``): the largest probability of each
+    ``k``-step distribution. ``episode`` is an episode record (its seed and fps are used, and the
+    replayed sentences are checked against its own) or an episode seed (then ``fps`` is used).
+
+    Raises ``ValueError`` when the replay does not reproduce the record (e.g. other ``scenes``)."""
+    if observe < 1:
+        raise ValueError(f"need observe >= 1, got {observe}")
+    if isinstance(episode, dict):
+        if observe > len(episode["sentences"]):
+            raise ValueError(f"episode {episode.get('id', episode['seed'])} has {len(episode['sentences'])} seconds; "
+                             f"cannot observe {observe}")
+        scene, sentences = replay(episode["seed"], observe, scenes, episode["fps"])
+        recorded = [s["text"] for s in episode["sentences"][:observe]]
+        if scene.kind != episode["scene"] or sentences != recorded:
+            raise ValueError(f"episode {episode.get('id', episode['seed'])}: replaying seed {episode['seed']} with "
+                             f"scene types {list(scenes)} does not reproduce its record; pass the scene types it was "
+                             "generated with (summary.json 'scene_types')")
+    else:
+        scene, _ = replay(episode, observe, scenes, fps)
+    return [dist[0][1] for dist in k_step_distributions(scene, steps)]
+
+
 def ceiling(records: Sequence[dict], weights: Sequence[float] | None = None) -> dict:
     """Expected exact-match accuracy of the Bayes-optimal next-sentence predictor over the
     prediction steps of ``records`` (episode records or Episodes), computed from the recorded

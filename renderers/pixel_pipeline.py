@@ -1,0 +1,277 @@
+"""A small text-conditional pixel-space diffusion pipeline, trained from scratch (the offline pack's renderer).
+
+``PixelTextToImagePipeline`` denoises RGB pixels directly (no VAE): a ``UNet2DConditionModel`` reads the
+noisy image (B, 3, H, W), the timestep, the text encoder's hidden states (B, L, D) through
+cross-attention and the pooled sentence embedding (B, D) added to the time embedding. With
+``patch_size`` p > 1 the UNet works on p x p pixel patches stacked as channels (``pixel_unshuffle``:
+(B, 3, H, W) -> (B, 3 p^2, H / p, W / p), and back with ``pixel_shuffle``), which cuts its cost about
+p^2 times while the scheduler still denoises RGB pixels. With ``strip_frames`` n > 0 (an image is n
+frames side by side, like the state strips) the UNet also reads three coordinate channels (row,
+column within the frame, frame index), so where an object is drawn in each frame needs no guessing
+from the borders. The pooled sentence embedding scales and shifts every ResNet's features. The text encoder is a small ``CLIPTextModel``
+over the word-level tokenizer of ``encoders.word_tokenizer``. The UNet predicts the clean image
+(``prediction_type="sample"``: a small network learns the few-dimensional clean strips much faster
+than the full-dimensional noise or velocity) on a cosine noise schedule, and the pipeline samples
+with DPM-Solver++ from pure noise ("trailing" timesteps) with classifier-free guidance, the empty
+prompt being the unconditional input (training drops the text with some probability).
+
+    from renderers.pixel_pipeline import PixelTextToImagePipeline
+    pipe = PixelTextToImagePipeline.from_pretrained("offline_pack/renderer")
+    image = pipe("the small red ball falls toward the floor.", generator=torch.Generator().manual_seed(0)).images[0]
+
+``build_pixel_pipeline`` makes a randomly initialised one for training (``renderers.train_renderer``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from diffusers import DiffusionPipeline, DPMSolverMultistepScheduler, ImagePipelineOutput, UNet2DConditionModel
+from diffusers.schedulers.scheduling_utils import SchedulerMixin
+from diffusers.utils.torch_utils import randn_tensor
+from transformers import CLIPTextConfig, CLIPTextModel, PreTrainedTokenizerBase
+
+from encoders.word_tokenizer import build_word_tokenizer
+from encoders.world_dataset import STRIP_SIZE
+
+
+@dataclass
+class PixelPipelineConfig:
+    """Sizes of a ``PixelTextToImagePipeline`` built from scratch."""
+
+    sample_size: tuple[int, int] = STRIP_SIZE  # (height, width) in pixels of the images it renders by default
+    patch_size: int = 4  # the UNet sees patch_size x patch_size pixel patches as 3 * patch_size**2 channels
+    strip_frames: int = 3  # frames side by side in an image (0: no coordinate channels)
+    block_out_channels: tuple[int, ...] = (48, 96, 160)  # one UNet level each; every level after the first halves H, W
+    layers_per_block: int = 1
+    attention_levels: int = 1  # the last (coarsest) levels with cross-attention to the text, besides the middle block
+    self_attention_levels: int = 1  # of those, the last ones whose attention blocks also attend over the image
+    head_channels: int = 32
+    text_dim: int = 128
+    text_layers: int = 2
+    text_heads: int = 4
+    max_text_length: int = 24
+    num_train_timesteps: int = 1000
+    prediction_type: str = "sample"  # what the UNet outputs: "sample" (the clean image) or "v_prediction"
+    num_inference_steps: int = 15
+    guidance_scale: float = 3.0
+
+
+class PixelTextToImagePipeline(DiffusionPipeline):
+    """Text -> (H, W, 3) RGB images, denoised in pixel space.
+
+    Components: ``unet`` (``UNet2DConditionModel`` with 3 * patch_size**2 out channels, as many in
+    channels plus 3 coordinate channels when ``strip_frames`` > 0, and its ``sample_size`` in patches, ``class_embed_type="projection"`` fed with the pooled text embedding),
+    ``scheduler`` (any diffusers scheduler whose ``prediction_type`` is the UNet's), ``text_encoder``
+    (``CLIPTextModel``) and ``tokenizer`` (word-level; prompts become [BOS] words [EOS] [PAD]...).
+    ``default_num_inference_steps`` and ``default_guidance_scale`` are the sampling settings used when a
+    call leaves them ``None``; they, ``patch_size`` and ``strip_frames`` are saved in ``model_index.json``.
+    """
+
+    model_cpu_offload_seq = "text_encoder->unet"
+
+    def __init__(
+        self,
+        unet: UNet2DConditionModel,
+        scheduler: SchedulerMixin,
+        text_encoder: CLIPTextModel,
+        tokenizer: PreTrainedTokenizerBase,
+        default_num_inference_steps: int = 15,
+        default_guidance_scale: float = 3.0,
+        patch_size: int = 1,
+        strip_frames: int = 0,
+    ):
+        super().__init__()
+        channels = 3 * patch_size**2
+        expected = (channels + (3 if strip_frames else 0), channels)
+        if (unet.config.in_channels, unet.config.out_channels) != expected:
+            raise ValueError(f"patch_size {patch_size} and strip_frames {strip_frames} need a UNet with "
+                             f"{expected[0]}/{expected[1]} in/out channels, got "
+                             f"{unet.config.in_channels}/{unet.config.out_channels}")
+        self.register_modules(unet=unet, scheduler=scheduler, text_encoder=text_encoder, tokenizer=tokenizer)
+        self.register_to_config(default_num_inference_steps=default_num_inference_steps,
+                                default_guidance_scale=default_guidance_scale, patch_size=patch_size,
+                                strip_frames=strip_frames)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> PixelTextToImagePipeline:
+        """``DiffusionPipeline.from_pretrained``, in float32 unless ``dtype`` is given (the pack is saved in
+        float16, which CPUs run slowly)."""
+        if "torch_dtype" not in kwargs:
+            kwargs.setdefault("dtype", torch.float32)
+        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+
+    @property
+    def size_multiple(self) -> int:
+        """Height and width must be multiples of this: the patch size times 2 for each UNet level after the first."""
+        return self.config.patch_size * 2 ** (len(self.unet.config.block_out_channels) - 1)
+
+    def check_size(self, height: int | None, width: int | None) -> tuple[int, int]:
+        """``(height, width)``, each defaulting to the UNet's ``sample_size``; raises ``ValueError`` for a
+        size the UNet cannot take (not a positive multiple of ``size_multiple``)."""
+        size, p = self.unet.config.sample_size, self.config.patch_size
+        default_height, default_width = (p * size, p * size) if isinstance(size, int) else (p * size[0], p * size[1])
+        height = default_height if height is None else height
+        width = default_width if width is None else width
+        m = self.size_multiple
+        for name, value in (("height", height), ("width", width)):
+            if not isinstance(value, (int, np.integer)) or value <= 0 or value % m:
+                raise ValueError(f"{name} must be a positive multiple of {m} (patches of {p} pixels that the "
+                                 f"UNet halves {len(self.unet.config.block_out_channels) - 1} times), got "
+                                 f"{value!r}; the trained size is {default_height}x{default_width}")
+        return int(height), int(width)
+
+    def tokenize(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        """Prompts -> ``input_ids`` and ``attention_mask`` (B, max_length): [BOS] words [EOS] then [PAD]s.
+        Words past ``max_length - 2`` are dropped; unknown words become [UNK]."""
+        tokenizer = self.tokenizer
+        length = tokenizer.model_max_length
+        rows = [[tokenizer.bos_token_id, *tokenizer(p, add_special_tokens=False)["input_ids"][: length - 2],
+                 tokenizer.eos_token_id] for p in prompts]
+        ids = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = torch.tensor(row)
+        return {"input_ids": ids, "attention_mask": (ids != tokenizer.pad_token_id).long()}
+
+    def encode_prompt(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Prompts -> hidden states (B, L, D), their attention mask (B, L) and the pooled [EOS] state (B, D)."""
+        tokens = {k: v.to(self.text_encoder.device) for k, v in self.tokenize(prompts).items()}
+        output = self.text_encoder(**tokens)
+        return output.last_hidden_state, tokens["attention_mask"], output.pooler_output
+
+    def predict(self, sample: torch.Tensor, timestep: torch.Tensor | int, text: tuple[torch.Tensor, ...]
+                ) -> torch.Tensor:
+        """The UNet's output (B, 3, H, W) for noisy images ``sample`` (B, 3, H, W) given ``encode_prompt`` output."""
+        hidden, mask, pooled = text
+        p = self.config.patch_size
+        patches = F.pixel_unshuffle(sample, p) if p > 1 else sample  # (B, 3 p^2, H / p, W / p)
+        if self.config.strip_frames:
+            patches = torch.cat([patches, self.coordinates(patches)], dim=1)
+        output = self.unet(patches, timestep, encoder_hidden_states=hidden, encoder_attention_mask=mask,
+                           class_labels=pooled).sample
+        return F.pixel_shuffle(output, p) if p > 1 else output
+
+    def coordinates(self, patches: torch.Tensor) -> torch.Tensor:
+        """Coordinate channels (B, 3, h, w) for a batch of (B, C, h, w) patch grids: the row, the column within
+        its frame and the frame index (of ``strip_frames`` side by side), each in [-1, 1]."""
+        batch, _, h, w = patches.shape
+        n = self.config.strip_frames
+        column = torch.arange(w, device=patches.device, dtype=torch.float32)
+        frame = torch.div(column * n, w, rounding_mode="floor")
+        within = (column - frame * w / n + 0.5) / (w / n)  # (0, 1)
+        row = torch.linspace(-1, 1, h, device=patches.device)
+        maps = torch.stack([
+            row[:, None].expand(h, w),
+            (2 * within - 1)[None].expand(h, w),
+            (2 * frame / max(n - 1, 1) - 1)[None].expand(h, w),
+        ])
+        return maps.to(patches.dtype).expand(batch, 3, h, w)
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        prompt: str | list[str],
+        height: int | None = None,
+        width: int | None = None,
+        num_inference_steps: int | None = None,
+        guidance_scale: float | None = None,
+        generator: torch.Generator | list[torch.Generator] | None = None,
+        output_type: str = "np",
+        return_dict: bool = True,
+    ) -> ImagePipelineOutput | tuple:
+        """Render one image per prompt.
+
+        Args:
+            prompt: a sentence or a list of sentences.
+            height, width: output size in pixels (default: the UNet's ``sample_size``, 48 x 144 for the
+                offline pack); positive multiples of ``size_multiple``.
+            num_inference_steps: denoising steps (default ``config.default_num_inference_steps``).
+            guidance_scale: classifier-free guidance weight w, output = uncond + w (cond - uncond);
+                w <= 1 runs the conditional model alone (default ``config.default_guidance_scale``).
+            generator: torch generator(s) for the initial noise (one per prompt, or one for all).
+            output_type: ``"np"`` (a (B, H, W, 3) float array in [0, 1]) or ``"pil"`` (a list of images).
+            return_dict: return an ``ImagePipelineOutput`` (else a one-element tuple).
+        """
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        if not prompts or not all(isinstance(p, str) for p in prompts):
+            raise ValueError(f"prompt must be a string or a non-empty list of strings, got {prompt!r}")
+        if output_type not in ("np", "pil"):
+            raise ValueError(f"output_type must be 'np' or 'pil', got {output_type!r}")
+        height, width = self.check_size(height, width)
+        steps = num_inference_steps or self.config.default_num_inference_steps
+        scale = self.config.default_guidance_scale if guidance_scale is None else guidance_scale
+        guided = scale > 1
+
+        text = self.encode_prompt(prompts)
+        if guided:
+            empty = self.encode_prompt([""] * len(prompts))
+            text = tuple(torch.cat([u, c]) for u, c in zip(empty, text))
+        shape = (len(prompts), 3, height, width)
+        image = randn_tensor(shape, generator=generator, device=self.device, dtype=self.unet.dtype)
+        self.scheduler.set_timesteps(steps, device=self.device)
+        image = image * self.scheduler.init_noise_sigma
+        for t in self.progress_bar(self.scheduler.timesteps):
+            model_input = self.scheduler.scale_model_input(torch.cat([image] * 2) if guided else image, t)
+            output = self.predict(model_input, t, text)
+            if guided:
+                unconditional, conditional = output.chunk(2)
+                output = unconditional + scale * (conditional - unconditional)
+            image = self.scheduler.step(output, t, image, generator=generator).prev_sample
+
+        images = (image / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).float().cpu().numpy()
+        if output_type == "pil":
+            images = self.numpy_to_pil(images)
+        return ImagePipelineOutput(images=images) if return_dict else (images,)
+
+
+def make_scheduler(num_train_timesteps: int = 1000, prediction_type: str = "sample") -> DPMSolverMultistepScheduler:
+    """DPM-Solver++ (2M) on the cosine schedule, sampling from pure noise ("trailing" timesteps) and
+    clipping the predicted clean image to [-1, 1] (dynamic thresholding)."""
+    return DPMSolverMultistepScheduler(
+        num_train_timesteps=num_train_timesteps, beta_schedule="squaredcos_cap_v2", prediction_type=prediction_type,
+        timestep_spacing="trailing", thresholding=True, dynamic_thresholding_ratio=0.995, sample_max_value=1.0,
+        final_sigmas_type="zero",
+    )
+
+
+def build_pixel_pipeline(sentences: Iterable[str], config: PixelPipelineConfig | None = None,
+                         seed: int = 0) -> PixelTextToImagePipeline:
+    """A randomly initialised pipeline whose tokenizer knows the words of ``sentences``."""
+    config = config or PixelPipelineConfig()
+    p = config.patch_size
+    if not 0 <= config.self_attention_levels <= config.attention_levels <= len(config.block_out_channels):
+        raise ValueError(f"need 0 <= self_attention_levels <= attention_levels <= {len(config.block_out_channels)} "
+                         f"levels, got {config.self_attention_levels} and {config.attention_levels}")
+    if any(size % p for size in config.sample_size):
+        raise ValueError(f"sample_size {config.sample_size} is not a multiple of patch_size {p}")
+    tokenizer = build_word_tokenizer(sentences, model_max_length=config.max_text_length)
+    torch.manual_seed(seed)
+    text_encoder = CLIPTextModel(CLIPTextConfig(
+        vocab_size=len(tokenizer), hidden_size=config.text_dim, intermediate_size=4 * config.text_dim,
+        num_hidden_layers=config.text_layers, num_attention_heads=config.text_heads,
+        max_position_embeddings=config.max_text_length, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, projection_dim=config.text_dim,
+    ))  # pooler_output is the hidden state at the first [EOS]
+    levels = len(config.block_out_channels)
+    attention = [i >= levels - config.attention_levels for i in range(levels)]
+    cross_only = tuple(i < levels - config.self_attention_levels for i in range(levels))
+    unet = UNet2DConditionModel(
+        sample_size=tuple(size // p for size in config.sample_size), out_channels=3 * p**2,
+        in_channels=3 * p**2 + (3 if config.strip_frames else 0), resnet_time_scale_shift="scale_shift",
+        block_out_channels=tuple(config.block_out_channels), layers_per_block=config.layers_per_block,
+        down_block_types=tuple("CrossAttnDownBlock2D" if a else "DownBlock2D" for a in attention),
+        up_block_types=tuple("CrossAttnUpBlock2D" if a else "UpBlock2D" for a in reversed(attention)),
+        # diffusers reads attention_head_dim as the number of heads of each level
+        attention_head_dim=tuple(max(1, c // config.head_channels) for c in config.block_out_channels),
+        only_cross_attention=cross_only, mid_block_only_cross_attention=False,
+        cross_attention_dim=config.text_dim, norm_num_groups=8,
+        class_embed_type="projection", projection_class_embeddings_input_dim=config.text_dim,
+    )
+    return PixelTextToImagePipeline(
+        unet=unet, scheduler=make_scheduler(config.num_train_timesteps, config.prediction_type),
+        text_encoder=text_encoder, tokenizer=tokenizer, default_num_inference_steps=config.num_inference_steps,
+        default_guidance_scale=config.guidance_scale, patch_size=p, strip_frames=config.strip_frames,
+    )

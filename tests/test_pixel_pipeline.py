@@ -1,0 +1,135 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from renderers.pixel_pipeline import PixelPipelineConfig, PixelTextToImagePipeline, build_pixel_pipeline
+from renderers.text_to_image import DiffusersRenderer
+from renderers.train_renderer import diffusion_loss, main, save_pipeline, to_model_range
+from tests.model_factories import one_torch_thread
+from world_model.synthetic_world import generate
+
+CLASS_PATH = "renderers.pixel_pipeline:PixelTextToImagePipeline"
+SENTENCES = ["the small red ball falls toward the floor.", "the elevator closes its doors on floor two."]
+TINY = PixelPipelineConfig(patch_size=2, strip_frames=3, block_out_channels=(8, 16), head_channels=8, text_dim=16,
+                           text_layers=1, text_heads=2, num_inference_steps=2, guidance_scale=2.0)
+TINY_FLAGS = ["--patch-size", "2", "--block-out-channels", "8", "16", "--head-channels", "8", "--text-dim", "16",
+              "--text-layers", "1", "--text-heads", "2", "--num-inference-steps", "2"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    with one_torch_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    return build_pixel_pipeline(SENTENCES, TINY)
+
+
+@pytest.fixture(scope="module")
+def saved(pipe, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("renderer") / "pipeline"
+    save_pipeline(pipe, folder)
+    return folder
+
+
+def test_saves_float16_and_loads_in_float32_through_the_renderer_by_import_path(saved):
+    with safe_open(str(saved / "unet" / "diffusion_pytorch_model.safetensors"), "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F16"}
+    assert [p.name for p in saved.parent.iterdir()] == ["pipeline"]  # no temporary folder left behind
+    index = json.loads((saved / "model_index.json").read_text())
+    assert index["default_num_inference_steps"] == 2 and index["default_guidance_scale"] == 2.0
+    renderer = DiffusersRenderer.from_pretrained(saved, pipeline_class=CLASS_PATH)
+    assert type(renderer.pipeline) is PixelTextToImagePipeline
+    assert renderer.pipeline.unet.dtype == torch.float32 and renderer.pipeline.text_encoder.dtype == torch.float32
+    images = renderer(SENTENCES, seed=0)
+    assert [(i.shape, i.dtype) for i in images] == [((48, 144, 3), np.uint8)] * 2
+    assert not np.array_equal(images[0], images[1])  # the prompt conditions the image
+    assert np.array_equal(renderer(SENTENCES[:1], seed=0)[0], images[0])
+    assert not np.array_equal(renderer(SENTENCES[:1], seed=1)[0], images[0])
+
+
+def test_pipeline_class_path_that_does_not_resolve_is_a_clear_error(saved):
+    with pytest.raises(ValueError, match="must look like 'package.module:ClassName'"):
+        DiffusersRenderer.from_pretrained(saved, pipeline_class="renderers.pixel_pipeline")
+    with pytest.raises(ValueError, match="cannot import module 'renderers.no_such_module'"):
+        DiffusersRenderer.from_pretrained(saved, pipeline_class="renderers.no_such_module:X")
+    with pytest.raises(ValueError, match="has nothing named 'Nope'"):
+        DiffusersRenderer.from_pretrained(saved, pipeline_class="renderers.pixel_pipeline:Nope")
+    with pytest.raises(ValueError, match="has function named 'build_pixel_pipeline', not a DiffusionPipeline"):
+        DiffusersRenderer.from_pretrained(saved, pipeline_class="renderers.pixel_pipeline:build_pixel_pipeline")
+
+
+def test_sizes_guidance_and_output_types(pipe):
+    generator = lambda: torch.Generator().manual_seed(0)  # noqa: E731
+    assert pipe(SENTENCES[0], height=24, width=32, generator=generator()).images.shape == (1, 24, 32, 3)
+    guided = pipe(SENTENCES[0], generator=generator()).images
+    explicit = pipe(SENTENCES[0], num_inference_steps=2, guidance_scale=2.0, generator=generator()).images
+    assert np.array_equal(guided, explicit)  # the defaults come from the config
+    assert not np.array_equal(guided, pipe(SENTENCES[0], guidance_scale=1.0, generator=generator()).images)
+    image = pipe(SENTENCES, output_type="pil").images[1]
+    assert image.size == (144, 48) and image.mode == "RGB"
+    for size in ({"height": 50}, {"width": 142}, {"height": 0}, {"width": 48.0}):
+        with pytest.raises(ValueError, match="must be a positive multiple of 4 .* trained size is 48x144"):
+            pipe(SENTENCES[0], **size)
+    with pytest.raises(ValueError, match="non-empty list of strings"):
+        pipe([])
+    with pytest.raises(ValueError, match="output_type must be"):
+        pipe(SENTENCES[0], output_type="latent")
+
+
+def test_tokenize_wraps_words_in_bos_eos_and_pads(pipe):
+    tokens = pipe.tokenize(["The ball falls.", "", "the zebra falls."])
+    tok = pipe.tokenizer
+    ids, mask = tokens["input_ids"], tokens["attention_mask"]
+    assert ids.shape == (3, tok.model_max_length)
+    assert ids[0, :6].tolist() == [tok.bos_token_id, *tok.convert_tokens_to_ids(["the", "ball", "falls", "."]),
+                                   tok.eos_token_id]
+    assert mask[0].sum() == 6 and (ids[0, 6:] == tok.pad_token_id).all()
+    assert ids[1, :3].tolist() == [tok.bos_token_id, tok.eos_token_id, tok.pad_token_id]  # the unconditional input
+    assert ids[2, 2] == tok.unk_token_id
+
+
+def test_coordinate_channels_give_row_column_in_frame_and_frame(pipe):
+    row, column, frame = pipe.coordinates(torch.zeros(2, 12, 4, 12))[1]  # a strip of 3 frames, 4 columns each
+    assert torch.equal(row[:, 0], torch.linspace(-1, 1, 4)) and (row == row[:, :1]).all()
+    assert frame[0].tolist() == [-1.0] * 4 + [0.0] * 4 + [1.0] * 4 and (frame == frame[:1]).all()
+    assert torch.allclose(column[0], torch.tensor([-0.75, -0.25, 0.25, 0.75]).repeat(3))
+    assert pipe.unet.config.in_channels == 3 * 2**2 + 3 and pipe.unet.config.out_channels == 3 * 2**2
+
+
+def test_loss_falls_when_fitting_one_batch():
+    pipe = build_pixel_pipeline(SENTENCES, TINY)
+    strips = np.full((2, 48, 144, 3), 235, np.uint8)
+    strips[0, :, :40], strips[1, 20:] = (220, 40, 40), (40, 80, 220)
+    images = to_model_range(strips)
+    parameters = [*pipe.unet.parameters(), *pipe.text_encoder.parameters()]
+    optimizer = torch.optim.Adam(parameters, lr=5e-3)
+    losses = []
+    for _ in range(12):
+        loss = diffusion_loss(pipe, images, SENTENCES, torch.Generator().manual_seed(0))  # same noise each time
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+    assert pipe.text_encoder.get_input_embeddings().weight.grad.abs().sum() > 0  # trained jointly
+
+
+def test_training_command_saves_a_loadable_pipeline(tmp_path):
+    generate(2, seed=0, out_dir=tmp_path / "world", size=48, seconds=2)
+    generate(1, seed=0, out_dir=tmp_path / "world", split="heldout", size=48, seconds=2)
+    out = tmp_path / "run"
+    main(["--data", str(tmp_path / "world"), "--out", str(out), "--max-steps", "6", "--batch-size", "2",
+          "--warmup-steps", "2", "--log-every", "2", *TINY_FLAGS])
+    log = json.loads((out / "train_log.json").read_text())
+    assert log["steps"] == 6 and log["strips"] > 0 and len(log["loss"]) == 3
+    assert all(np.isfinite(entry["loss"]) for entry in log["loss"])
+    assert (out / "samples" / "step_000006.png").is_file()
+    renderer = DiffusersRenderer.from_pretrained(out / "pipeline", pipeline_class=CLASS_PATH)
+    assert renderer.pipeline.config.default_num_inference_steps == 2
+    assert renderer(["the small red ball falls toward the floor."])[0].shape == (48, 144, 3)
