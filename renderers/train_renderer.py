@@ -1,6 +1,6 @@
 """Train the offline pack's renderer (``renderers.pixel_pipeline``) on the synthetic world's state strips.
 
-    python -m renderers.train_renderer --data /work/data/world --out /work/runs/renderer --max-minutes 55 --threads 1
+    python -m renderers.train_renderer --data DATA --out RUN [--max-minutes 55] [--threads 1] [--seed 0]
 
 The UNet and the text encoder learn together to denoise the state strips of ``DATA/train`` (3 frames of
 one second side by side, 48 x 144) given their sentences. The loss is the squared error of the predicted
