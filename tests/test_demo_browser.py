@@ -271,7 +271,7 @@ def test_text_file_named_mp4_gives_a_readable_error(server, browser, not_a_video
     page.context.close()
 
 
-def test_pipeline_error_is_shown_as_its_message(server, browser, clip):
+def test_pipeline_error_is_shown_as_its_message(server, browser, clip, offline_pack_absent):
     url, temp_root = server
     before = set(temp_root.iterdir())
     page = open_page(browser, url)
