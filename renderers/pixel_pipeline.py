@@ -1,19 +1,20 @@
 """A small text-conditional pixel-space diffusion pipeline, trained from scratch (the offline pack's renderer).
 
-``PixelTextToImagePipeline`` denoises RGB pixels directly (no VAE): a ``UNet2DConditionModel`` reads the
-noisy image (B, 3, H, W), the timestep, the text encoder's hidden states (B, L, D) through
-cross-attention and the pooled sentence embedding (B, D) added to the time embedding. With
-``patch_size`` p > 1 the UNet works on p x p pixel patches stacked as channels (``pixel_unshuffle``:
-(B, 3, H, W) -> (B, 3 p^2, H / p, W / p), and back with ``pixel_shuffle``), which cuts its cost about
-p^2 times while the scheduler still denoises RGB pixels. With ``strip_frames`` n > 0 (an image is n
-frames side by side, like the state strips) the UNet also reads three coordinate channels (row,
-column within the frame, frame index), so where an object is drawn in each frame needs no guessing
-from the borders. The pooled sentence embedding scales and shifts every ResNet's features. The text encoder is a small ``CLIPTextModel``
-over the word-level tokenizer of ``encoders.word_tokenizer``. The UNet predicts the clean image
-(``prediction_type="sample"``: a small network learns the few-dimensional clean strips much faster
-than the full-dimensional noise or velocity) on a cosine noise schedule, and the pipeline samples
-with DPM-Solver++ from pure noise ("trailing" timesteps) with classifier-free guidance, the empty
-prompt being the unconditional input (training drops the text with some probability).
+``PixelTextToImagePipeline`` denoises RGB pixels directly (no VAE). A ``UNet2DConditionModel`` reads the
+noisy image (B, 3, H, W) and the timestep, attends to the text encoder's hidden states (B, L, D), and
+gets the pooled sentence embedding (B, D) added to its time embedding. The text encoder is a small
+``CLIPTextModel`` over the word-level tokenizer of ``encoders.word_tokenizer``. The UNet predicts the
+clean image (``prediction_type="sample"``: a small network learns the few-dimensional clean strips
+much faster than the full-dimensional noise or velocity) on a cosine noise schedule; the pipeline
+samples with DPM-Solver++ from pure noise ("trailing" timesteps) and classifier-free guidance, the
+empty prompt being the unconditional input (training drops the text with some probability).
+
+Options, saved with the pipeline: ``patch_size`` p > 1 runs the UNet on p x p pixel patches stacked as
+channels (``pixel_unshuffle``: (B, 3, H, W) -> (B, 3 p^2, H / p, W / p), back with ``pixel_shuffle``),
+about p^2 times cheaper, while the scheduler still denoises RGB pixels; ``strip_frames`` n > 0 (an
+image is n frames side by side, like the state strips) adds three coordinate channels to the UNet's
+input (row, column within the frame, frame index), so it need not infer from the borders where in
+each frame it draws.
 
     from renderers.pixel_pipeline import PixelTextToImagePipeline
     pipe = PixelTextToImagePipeline.from_pretrained("offline_pack/renderer")
@@ -43,13 +44,14 @@ class PixelPipelineConfig:
     """Sizes of a ``PixelTextToImagePipeline`` built from scratch."""
 
     sample_size: tuple[int, int] = STRIP_SIZE  # (height, width) in pixels of the images it renders by default
-    patch_size: int = 4  # the UNet sees patch_size x patch_size pixel patches as 3 * patch_size**2 channels
-    strip_frames: int = 3  # frames side by side in an image (0: no coordinate channels)
-    block_out_channels: tuple[int, ...] = (48, 96, 160)  # one UNet level each; every level after the first halves H, W
+    patch_size: int = 2  # the UNet sees patch_size x patch_size pixel patches as 3 * patch_size**2 channels
+    strip_frames: int = 0  # frames side by side in an image, read as coordinate channels (0: none)
+    block_out_channels: tuple[int, ...] = (32, 64, 128)  # one UNet level each; every level after the first halves H, W
     layers_per_block: int = 1
     attention_levels: int = 1  # the last (coarsest) levels with cross-attention to the text, besides the middle block
     self_attention_levels: int = 1  # of those, the last ones whose attention blocks also attend over the image
     head_channels: int = 32
+    scale_shift: bool = False  # the time + sentence embedding scales and shifts ResNet features (else shifts them)
     text_dim: int = 128
     text_layers: int = 2
     text_heads: int = 4
@@ -260,7 +262,8 @@ def build_pixel_pipeline(sentences: Iterable[str], config: PixelPipelineConfig |
     cross_only = tuple(i < levels - config.self_attention_levels for i in range(levels))
     unet = UNet2DConditionModel(
         sample_size=tuple(size // p for size in config.sample_size), out_channels=3 * p**2,
-        in_channels=3 * p**2 + (3 if config.strip_frames else 0), resnet_time_scale_shift="scale_shift",
+        in_channels=3 * p**2 + (3 if config.strip_frames else 0),
+        resnet_time_scale_shift="scale_shift" if config.scale_shift else "default",
         block_out_channels=tuple(config.block_out_channels), layers_per_block=config.layers_per_block,
         down_block_types=tuple("CrossAttnDownBlock2D" if a else "DownBlock2D" for a in attention),
         up_block_types=tuple("CrossAttnUpBlock2D" if a else "UpBlock2D" for a in reversed(attention)),

@@ -259,7 +259,7 @@ def train(data: Path, out: Path, config: TrainConfig, model_config: PixelPipelin
     minutes = (time.monotonic() - start) / 60
     samples(step)
     checkpoint(step, minutes)
-    print(f"saved {out / PIPELINE_DIR} after {step} steps, {minutes:.1f} min, loss {running:.4f}")
+    print(f"saved {out / PIPELINE_DIR} after {step} steps, {minutes:.1f} min, smoothed loss {running}")
     return log
 
 

@@ -13,10 +13,11 @@ from world_model.synthetic_world import generate
 
 CLASS_PATH = "renderers.pixel_pipeline:PixelTextToImagePipeline"
 SENTENCES = ["the small red ball falls toward the floor.", "the elevator closes its doors on floor two."]
-TINY = PixelPipelineConfig(patch_size=2, strip_frames=3, block_out_channels=(8, 16), head_channels=8, text_dim=16,
-                           text_layers=1, text_heads=2, num_inference_steps=2, guidance_scale=2.0)
-TINY_FLAGS = ["--patch-size", "2", "--block-out-channels", "8", "16", "--head-channels", "8", "--text-dim", "16",
-              "--text-layers", "1", "--text-heads", "2", "--num-inference-steps", "2"]
+TINY = PixelPipelineConfig(patch_size=2, strip_frames=3, scale_shift=True, block_out_channels=(8, 16), head_channels=8,
+                           text_dim=16, text_layers=1, text_heads=2, num_inference_steps=2, guidance_scale=2.0)
+TINY_FLAGS = ["--patch-size", "2", "--strip-frames", "3", "--scale-shift", "--block-out-channels", "8", "16",
+              "--head-channels", "8", "--text-dim", "16", "--text-layers", "1", "--text-heads", "2",
+              "--num-inference-steps", "2"]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -131,5 +132,6 @@ def test_training_command_saves_a_loadable_pipeline(tmp_path):
     assert all(np.isfinite(entry["loss"]) for entry in log["loss"])
     assert (out / "samples" / "step_000006.png").is_file()
     renderer = DiffusersRenderer.from_pretrained(out / "pipeline", pipeline_class=CLASS_PATH)
-    assert renderer.pipeline.config.default_num_inference_steps == 2
+    assert renderer.pipeline.config.default_num_inference_steps == 2 and renderer.pipeline.config.strip_frames == 3
+    assert renderer.pipeline.unet.config.resnet_time_scale_shift == "scale_shift"
     assert renderer(["the small red ball falls toward the floor."])[0].shape == (48, 144, 3)
