@@ -12,6 +12,7 @@ from typing import Protocol
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 from huggingface_hub import constants as hub_constants
 from huggingface_hub import try_to_load_from_cache
 from transformers import (
@@ -117,10 +118,12 @@ class HFCaptioner:
         return cls(model, image_processor, tokenizer, str(model_id_or_path), batch_size, max_new_tokens)
 
     @torch.inference_mode()
-    def __call__(self, images: list[np.ndarray]) -> list[str]:
-        """Images (H, W, 3) uint8 RGB, any sizes -> one stripped caption per image, in order."""
+    def __call__(self, images: list[np.ndarray], progress: str | None = None) -> list[str]:
+        """Images (H, W, 3) uint8 RGB, any sizes -> one stripped caption per image, in order. With
+        ``progress`` (a label), a progress bar counts the batches."""
         captions = []
-        for start in range(0, len(images), self.batch_size):
+        starts = range(0, len(images), self.batch_size)
+        for start in tqdm(starts, desc=progress, unit="batch", disable=progress is None):
             batch = images[start : start + self.batch_size]
             inputs = self.image_processor(images=batch, input_data_format="channels_last", return_tensors="pt")
             pixels = inputs["pixel_values"].to(self.model.device, self.model.dtype)

@@ -24,9 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import shutil
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -49,8 +47,8 @@ from transformers import (
 from encoders.captioner import HFCaptioner
 from encoders.word_tokenizer import build_word_tokenizer
 from encoders.world_dataset import STRIP_SIZE, StateSet, read_states
-from world_model.checkpoint import replace_dir, write_json_atomic
-from world_model.vocab import tokenize
+from world_model.checkpoint import atomic_dir, write_json_atomic
+from world_model.vocab import same_sentence
 
 BEST_DIR = "best"
 METRICS_FILE = "metrics.json"
@@ -189,28 +187,14 @@ def validate(model: VisionEncoderDecoderModel, tokenizer: PreTrainedTokenizerFas
     return hits / len(images), loss_sum / tokens
 
 
-def same_sentence(caption: str, sentence: str) -> bool:
-    """Exact match after ``world_model.vocab.tokenize`` normalisation (case, spacing)."""
-    return tokenize(caption) == tokenize(sentence)
-
-
 def save_captioner(model: VisionEncoderDecoderModel, tokenizer: PreTrainedTokenizerFast, folder: Path) -> None:
     """Write model (fp16 safetensors), tokenizer and image processor to a temporary folder beside
     ``folder``, then rename it into place: an interruption never leaves a partial ``folder``."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.tmp-"))
-    try:
-        tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is for reading
+    with atomic_dir(folder) as tmp:
         half = {name: tensor.detach().to(torch.float16) for name, tensor in model.state_dict().items()}
         model.save_pretrained(tmp, state_dict=half)
         tokenizer.save_pretrained(tmp)
         strip_image_processor().save_pretrained(tmp)
-        for file in tmp.iterdir():
-            file.chmod(0o644)  # some writers create private files; a model folder is for reading
-        replace_dir(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def split_validation(states: StateSet, val_episodes: int) -> tuple[np.ndarray, np.ndarray]:
@@ -234,9 +218,7 @@ def heldout_report(folder: Path, states: StateSet, batch_size: int = 64, top: in
     """Caption ``states`` with the saved model through ``HFCaptioner`` (what the pipeline runs) and score
     exact matches overall and per scene type; lists the ``top`` most common (sentence, caption) confusions."""
     captioner = HFCaptioner.from_pretrained(folder, device="cpu", batch_size=batch_size)
-    captions = []
-    for start in tqdm(range(0, len(states), batch_size), desc="held-out captions"):
-        captions += captioner(list(states.images[start:start + batch_size]))
+    captions = captioner(list(states.images), progress="held-out captions")
     scenes = [states.records[e]["scene"] for e in states.episode]
     hits = [same_sentence(c, s) for c, s in zip(captions, states.sentences)]
     per_scene = {scene: float(np.mean([h for h, s in zip(hits, scenes) if s == scene])) for scene in sorted(set(scenes))}

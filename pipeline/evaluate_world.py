@@ -48,11 +48,11 @@ from encoders.world_dataset import episode_strips
 from pipeline.presets import PresetError, load_preset, resolve_model_path
 from pipeline.rollout import RolloutError, pick_device, prepare_run_dir
 from renderers.text_to_image import DiffusersRenderer
-from world_model.checkpoint import CheckpointError
+from world_model.checkpoint import CheckpointError, replace_dir
 from world_model.models import load_model
 from world_model.rocstories import DataError
 from world_model.synthetic_world import SCENE_TYPES, k_step_ceilings
-from world_model.vocab import Vocabulary, tokenize
+from world_model.vocab import Vocabulary, same_sentence
 from world_model.world_sentences import (copy_last_predictions, episode_sentences, next_state_accuracy, predict_ahead,
                                          read_episodes)
 
@@ -127,10 +127,6 @@ def read_heldout(data: str | Path, episodes: int, seconds: int) -> tuple[list[di
     return records, scenes
 
 
-def same_sentence(a: str, b: str) -> bool:
-    return tokenize(a) == tokenize(b)
-
-
 def exact_fraction(texts: Sequence[str], truths: Sequence[str], weights: Sequence[int] | None = None) -> float:
     """Weighted fraction of ``texts`` equal to their ``truths`` (each weight 1 by default)."""
     weights = [1] * len(texts) if weights is None else weights
@@ -142,15 +138,6 @@ def timed(timings: dict, stage: str) -> Iterator[None]:
     start = time.perf_counter()
     yield
     timings[stage] = timings.get(stage, 0.0) + time.perf_counter() - start
-
-
-def caption_all(captioner: HFCaptioner, images: list[np.ndarray], desc: str, progress: bool) -> list[str]:
-    """Captions of (H, W, 3) uint8 images, in batches of the captioner's ``batch_size``, with a progress bar."""
-    captions: list[str] = []
-    size = captioner.batch_size
-    for start in tqdm(range(0, len(images), size), desc=desc, unit="batch", disable=not progress):
-        captions += captioner(images[start:start + size])
-    return captions
 
 
 def render_all(renderer: DiffusersRenderer, sentences: Sequence[str], seed: int, desc: str,
@@ -224,10 +211,7 @@ def evaluate_world(pack: str | Path, data: str | Path, episodes: int, out_dir: s
                    **scores}
         (staging / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
         (staging / "results.md").write_text(markdown(results))
-        out_dir = Path(out_dir)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        staging.rename(out_dir)
+        replace_dir(staging, Path(out_dir))
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -256,7 +240,7 @@ def run_loop(parts: Pack, records: list[dict], scenes: list[str], observe: int, 
     kinds = [r["scene"] for r in records]
     flat = [image for episode in strips for image in episode]
     with timed(timings, "caption_strips"):
-        flat_captions = iter(caption_all(captioner, flat, "captioning strips", progress))
+        flat_captions = iter(captioner(flat, progress="captioning strips" if progress else None))
     captions = [[next(flat_captions) for _ in episode] for episode in strips]
     flat_truths = [s for t in truths for s in t]
     flat_kinds = [k for k, t in zip(kinds, truths) for _ in t]
@@ -282,7 +266,7 @@ def run_loop(parts: Pack, records: list[dict], scenes: list[str], observe: int, 
     with timed(timings, "render"):
         renders = render_all(renderer, flat_truths + loop_predictions, seed, "rendering sentences", progress)
     with timed(timings, "caption_renders"):
-        recaptions = dict(zip(renders, caption_all(captioner, list(renders.values()), "captioning renders", progress)))
+        recaptions = dict(zip(renders, captioner(list(renders.values()), progress="captioning renders" if progress else None)))
     trip = {"true_sentences": round_trip(recaptions, flat_truths, flat_kinds),
             "predicted_sentences": round_trip(recaptions, loop_predictions, [k for k in kinds for _ in range(steps)])}
 

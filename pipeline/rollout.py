@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from encoders.frames import VideoError, sample_frames
 from pipeline.presets import PresetError, available_presets, choose_preset, resolve_model_path
 from pipeline.windows import caption_window, decode_states
-from world_model.checkpoint import CheckpointError
+from world_model.checkpoint import CheckpointError, replace_dir
 from world_model.models import load_model
 from world_model.vocab import Vocabulary
 
@@ -228,9 +228,7 @@ def run_rollout(
         timings["write_outputs"] = time.perf_counter() - start
         record["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
         write_json(staging / "rollout.json", record)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        staging.rename(out_dir)
+        replace_dir(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -24,7 +24,6 @@ import copy
 import math
 import signal
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -39,7 +38,7 @@ from tqdm.auto import tqdm
 
 from encoders.world_dataset import read_states
 from renderers.pixel_pipeline import PixelPipelineConfig, PixelTextToImagePipeline, build_pixel_pipeline
-from world_model.checkpoint import replace_dir, write_json_atomic
+from world_model.checkpoint import atomic_dir, write_json_atomic
 
 PIPELINE_DIR = "pipeline"
 LOG_NAME = "train_log.json"
@@ -129,11 +128,8 @@ def save_pipeline(pipe: PixelTextToImagePipeline, folder: Path) -> None:
                                      ("default_num_inference_steps", "default_guidance_scale", "patch_size",
                                       "strip_frames")},
     )
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.tmp-"))
-    tmp.chmod(0o755)  # mkdtemp makes it private
-    half.save_pretrained(tmp)
-    replace_dir(tmp, folder)
+    with atomic_dir(folder) as tmp:
+        half.save_pretrained(tmp)
 
 
 class EMAWeights:

@@ -160,3 +160,11 @@ def test_load_rejects_corrupt_files(tmp_path, content, message):
 def test_load_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="vocab.json"):
         Vocabulary.load(tmp_path)
+
+
+def test_same_sentence_ignores_case_and_spacing_only():
+    from world_model.vocab import same_sentence
+
+    assert same_sentence("The ball falls.", "the ball  falls .")
+    assert not same_sentence("the ball falls.", "the ball falls!")
+    assert not same_sentence("the ball falls.", "the ball rises.")

@@ -11,8 +11,9 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from safetensors import SafetensorError
@@ -35,6 +36,23 @@ def replace_dir(tmp_dir: Path, final_dir: Path) -> None:
     os.replace(tmp_dir, final_dir)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def atomic_dir(folder: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty folder beside `folder` to write into. When the block ends normally its files are made
+    world-readable and it replaces `folder` (`replace_dir`); when it raises, it is removed and `folder` is untouched."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.tmp-"))
+    try:
+        yield tmp
+        for path in [tmp, *tmp.rglob("*")]:  # mkdtemp and some writers create private files; a model is for reading
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        replace_dir(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -111,10 +129,7 @@ class PretrainedMixin:
         `extra` entries are stored in config.json under "extra" (e.g. training provenance).
         """
         folder = Path(folder)
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.tmp-"))
-        tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is for reading
-        try:
+        with atomic_dir(folder) as tmp:
             tensors = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().cpu().contiguous()
                        for k, v in self.state_dict().items()}
             save_file(tensors, tmp / WEIGHTS_NAME, metadata={"format": "pt"})
@@ -124,12 +139,6 @@ class PretrainedMixin:
             write_json_atomic(tmp / CONFIG_NAME, config)
             if vocab is not None:
                 vocab.save(tmp)
-            for written in tmp.iterdir():
-                written.chmod(0o644)  # the writers above may create private files
-            replace_dir(tmp, folder)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return folder
 
     @classmethod

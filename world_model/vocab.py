@@ -45,6 +45,15 @@ def tokenize(text: str) -> list[str]:
     return _TOKEN_RE.findall(text.lower())
 
 
+def same_sentence(a: str, b: str) -> bool:
+    """Whether two texts are the same sentence up to case and spacing (equal ``tokenize`` tokens).
+
+    >>> same_sentence("The ball falls.", "the ball falls .")
+    True
+    """
+    return tokenize(a) == tokenize(b)
+
+
 def detokenize(tokens: Iterable[str]) -> str:
     """Join tokens with spaces, attaching closing punctuation (``. , ! ? ; : % )``) to the word
     before it and opening marks (``( $``) to the word after it.

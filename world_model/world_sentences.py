@@ -32,7 +32,7 @@ from torch import nn
 from encoders.world_dataset import read_records
 from pipeline.windows import caption_window, decode_states
 from world_model.rocstories import CLOZE_PATTERN, EXPECTED_FILES, TRAIN_PATTERN, DataError
-from world_model.vocab import PAD_ID, Vocabulary, tokenize
+from world_model.vocab import PAD_ID, Vocabulary, same_sentence
 
 EPISODES_FILE = "episodes.jsonl"
 TRAIN_SPLIT = "train"
@@ -212,5 +212,5 @@ def next_state_accuracy(predictions: Sequence[Sequence[str]], truths: Sequence[S
     hits = [0] * steps
     for predicted, true in zip(predictions, truths):
         for k in range(steps):
-            hits[k] += tokenize(predicted[k]) == tokenize(true[k])
+            hits[k] += same_sentence(predicted[k], true[k])
     return [h / len(truths) for h in hits]
