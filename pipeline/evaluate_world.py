@@ -12,7 +12,9 @@ renderer -> captioner again. Scores, next to what is attainable:
 * next-state accuracy ``k`` seconds ahead (k = 1..steps) of the 4-tensor predictor (PACK/predictor), the
   flat baseline (PACK/baseline) and copy-the-last-state, each from the captions (the full loop) and from
   the true sentences (oracle context), beside the exact k-step ceiling of the simulator
-  (``world_model.synthetic_world.k_step_ceilings``) and as a fraction of it;
+  (``world_model.synthetic_world.k_step_ceilings``) and as a fraction of it. A predictor folder with
+  known_sentences.txt predicts with the closed-set readout (``world_model.decoding``), as the pipeline
+  does; its own token readout is then scored beside it;
 * round trip: the fraction of rendered strips captioned back to exactly the sentence they were
   rendered from, for the true sentences and for the full loop's predicted ones. An image depends only
   on (sentence, seed), so each distinct sentence is rendered once with ``--seed`` and counted as often
@@ -49,17 +51,18 @@ from pipeline.presets import PresetError, load_preset, resolve_model_path
 from pipeline.rollout import RolloutError, pick_device, prepare_run_dir
 from renderers.text_to_image import DiffusersRenderer
 from world_model.checkpoint import CheckpointError, replace_dir
-from world_model.models import load_model
+from world_model.models import load_predictor
 from world_model.rocstories import DataError
 from world_model.synthetic_world import SCENE_TYPES, k_step_ceilings
-from world_model.vocab import Vocabulary, same_sentence
+from world_model.vocab import same_sentence
 from world_model.world_sentences import (copy_last_predictions, episode_sentences, next_state_accuracy, predict_ahead,
                                          read_episodes)
 
 BASELINE_FOLDER = "baseline"
 INDEX_FILES = {"captioner": "config.json", "renderer": "model_index.json", "predictor": "config.json",
                "baseline": "config.json"}
-PREDICTORS = {"four_tensor": "4-tensor", "baseline": "flat baseline", "copy_last": "copy-last"}
+PREDICTORS = {"four_tensor": "4-tensor", "four_tensor_tokens": "4-tensor, per-slot readout",
+              "baseline": "flat baseline", "baseline_tokens": "flat baseline, token readout", "copy_last": "copy-last"}
 CONTEXTS = {"captions": "captions (full loop)", "truth": "true sentences (oracle)"}
 MB = 1e6
 
@@ -226,8 +229,7 @@ def run_loop(parts: Pack, records: list[dict], scenes: list[str], observe: int, 
         try:
             captioner = HFCaptioner.from_pretrained(parts.folders["captioner"], device=device, **parts.captioner_options)
             renderer = DiffusersRenderer.from_pretrained(parts.folders["renderer"], device=device, **parts.renderer_options)
-            models = {name: (load_model(parts.folders[name], device=device), Vocabulary.load(parts.folders[name]))
-                      for name in ("predictor", "baseline")}
+            models = {name: load_predictor(parts.folders[name], device=device) for name in ("predictor", "baseline")}
         except (ModelLoadError, CheckpointError) as err:
             raise EvaluationError(f"cannot load the pack {parts.root}: {err}") from err
 
@@ -254,13 +256,17 @@ def run_loop(parts: Pack, records: list[dict], scenes: list[str], observe: int, 
     futures = [t[observe:observe + steps] for t in truths]
     contexts = {"captions": [c[:observe] for c in captions], "truth": [t[:observe] for t in truths]}
     predictions: dict[str, dict[str, list[list[str]]]] = {}
+    readouts = {}
     for name, label in (("four_tensor", "predictor"), ("baseline", "baseline")):
-        model, vocab = models[label]
+        model, vocab, known = models[label]
+        readouts[name] = "tokens" if known is None else f"sentences ({len(known)} known)"
         with timed(timings, f"predict_{name}"):
-            predictions[name] = {c: predict_ahead(model, vocab, contexts[c], steps) for c in CONTEXTS}
+            predictions[name] = {c: predict_ahead(model, vocab, contexts[c], steps, candidates=known) for c in CONTEXTS}
+        if known is not None:  # the model's own readout beside it
+            predictions[f"{name}_tokens"] = {c: predict_ahead(model, vocab, contexts[c], steps) for c in CONTEXTS}
     predictions["copy_last"] = {c: copy_last_predictions(contexts[c], steps) for c in CONTEXTS}
     next_state = {name: {c: score_predictions(predictions[name][c], futures, kinds, ceilings) for c in CONTEXTS}
-                  for name in PREDICTORS}
+                  for name in PREDICTORS if name in predictions}
 
     loop_predictions = [s for p in predictions["four_tensor"]["captions"] for s in p]
     with timed(timings, "render"):
@@ -277,13 +283,15 @@ def run_loop(parts: Pack, records: list[dict], scenes: list[str], observe: int, 
                 (records[i], strips[i][:observe], captions[i][:observe], truths[i],
                  predictions["four_tensor"]["captions"][i], [renders[s] for s in predictions["four_tensor"]["captions"][i]])
                 for i in shown], observe)
+    rollouts = {f"predict_{n}": (len(CONTEXTS) * len(records) * (1 if r == "tokens" else 2), "rollouts")
+                for n, r in readouts.items()}  # with known sentences, the token readout runs too
     counts = {"load_models": (1, "load"), "decode_strips": (len(flat), "strips"), "caption_strips": (len(flat), "strips"),
-              "ceilings": (len(records), "episodes"), "predict_four_tensor": (2 * len(records), "rollouts"),
-              "predict_baseline": (2 * len(records), "rollouts"), "render": (len(renders), "images"),
+              "ceilings": (len(records), "episodes"), **rollouts, "render": (len(renders), "images"),
               "caption_renders": (len(renders), "images"), "storyboard": (1, "figure")}
     return {
         "caption_accuracy": caption_accuracy,
         "ceiling": {"per_step": [round(c, 4) for c in ceilings], "per_scene": rounded(ceiling_by_scene)},
+        "readout": readouts,
         "next_state": next_state,
         "round_trip": trip,
         "timings": {k: {"seconds": round(v, 3), "items": counts[k][0], "unit": counts[k][1],
@@ -355,14 +363,17 @@ def markdown(results: dict) -> str:
         "## Next-state accuracy k seconds ahead", "",
         f"Exact match of the predicted sentence of second {s['observe']} + k - 1 (greedy rollout). The ceiling is the "
         "accuracy of the Bayes-optimal predictor that knows the simulator's full state after the observed seconds; "
-        "in brackets, the accuracy as a fraction of it.", "",
+        "in brackets, the accuracy as a fraction of it. Readout: "
+        + "; ".join(f"{PREDICTORS[n]}: {r}" for n, r in results["readout"].items()) + " (with known sentences, each "
+        "predicted state is the known sentence the model scores highest, `world_model.decoding`; the rows marked "
+        "per-slot / token readout are the same models reading tokens off freely).", "",
         "| predictor | context | " + " | ".join(f"k={k}" for k in steps) + " |",
         "|---|---|" + "---:|" * len(steps),
         "| ceiling | | " + " | ".join(f"{c:.4f}" for c in ceiling) + " |",
     ]
-    for name, label in PREDICTORS.items():
+    for name in results["next_state"]:
         for context, context_label in CONTEXTS.items():
-            row = results["next_state"][name][context]
+            row, label = results["next_state"][name][context], PREDICTORS[name]
             cells = [f"{a:.4f} ({f:.0%})" for a, f in zip(row["accuracy"], row["fraction_of_ceiling"])]
             lines.append(f"| {label} | {context_label} | " + " | ".join(cells) + " |")
     lines += ["", "Per scene:", "",
@@ -370,9 +381,9 @@ def markdown(results: dict) -> str:
               "|---|---|---|" + "---:|" * len(steps)]
     for kind, values in results["ceiling"]["per_scene"].items():
         lines.append(f"| {kind} | ceiling | | " + " | ".join(f"{v:.4f}" for v in values) + " |")
-        for name, label in PREDICTORS.items():
+        for name in results["next_state"]:
             for context, context_label in CONTEXTS.items():
-                values = results["next_state"][name][context]["per_scene"][kind]
+                values, label = results["next_state"][name][context]["per_scene"][kind], PREDICTORS[name]
                 lines.append(f"| {kind} | {label} | {context_label} | " + " | ".join(f"{v:.4f}" for v in values) + " |")
     trip = results["round_trip"]
     scenes = list(results["caption_accuracy"]["per_scene"])

@@ -30,8 +30,9 @@ from encoders.frames import VideoError, sample_frames
 from pipeline.presets import PresetError, available_presets, choose_preset, resolve_model_path
 from pipeline.windows import caption_window, decode_states
 from world_model.checkpoint import CheckpointError, replace_dir
-from world_model.models import load_model
-from world_model.vocab import Vocabulary
+from world_model.decoding import READOUTS, readout_candidates
+from world_model.models import Predictor
+from world_model.models import load_predictor as load_predictor_folder
 
 Progress = Callable[[float, str], None]
 
@@ -69,9 +70,9 @@ def load_renderer(name: str, device: str | None, options: tuple):
 
 
 @lru_cache(maxsize=4)
-def load_predictor(name: str, device: str):
-    """The predictor and its vocabulary from a checkpoint folder."""
-    return load_model(name, device=device), Vocabulary.load(name)
+def load_predictor(name: str, device: str) -> Predictor:
+    """The predictor, its vocabulary and its known sentences (or None) from a checkpoint folder."""
+    return load_predictor_folder(name, device=device)
 
 
 def pick_device(device: str | None) -> str:
@@ -116,6 +117,7 @@ def run_rollout(
     temperature: float = 0.0,
     top_k: int | None = None,
     seed: int = 0,
+    readout: str = "auto",
     init_from_last_frame: bool = False,
     fps: float = 2.0,
     overwrite: bool = False,
@@ -136,7 +138,11 @@ def run_rollout(
         captioner, renderer, predictor: override one component with a hub id or a local folder.
         device: torch device for the models; default CUDA when available, else CPU.
         samples: alternative futures; greedy when `temperature` is 0 (then one sample is enough).
-        temperature, top_k, seed: sampling of the predicted tokens; `seed` also seeds the renderer.
+        temperature, top_k, seed: sampling of the predicted tokens (of the known sentences with the
+            closed-set readout); `seed` also seeds the renderer.
+        readout: `auto` (default) picks each predicted state from the predictor folder's known sentences
+            when it has known_sentences.txt (`world_model.decoding`), else reads tokens off freely;
+            `sentences` requires the known sentences; `tokens` always reads tokens off freely.
         init_from_last_frame: render each state image-to-image from the last observed frame.
         fps: frame rate of rollout.mp4 / rollout.gif.
         progress: optional callback `progress(fraction, message)` (the demo passes gr.Progress).
@@ -148,6 +154,8 @@ def run_rollout(
     if samples < 1:
         raise RolloutError(f"--samples must be at least 1, got {samples}")
     check_settings(interval, num_frames, max_frames, temperature, top_k, fps)
+    if readout not in READOUTS:
+        raise RolloutError(f"--readout must be one of {', '.join(READOUTS)}, got {readout!r}")
     video = Path(video)
     out_dir = Path(out_dir) if out_dir is not None else default_out_dir(video)
     chosen, reason = choose_preset(preset) if not (captioner and renderer and predictor) else ({"name": "custom"}, "all components named")
@@ -170,7 +178,9 @@ def run_rollout(
         start = time.perf_counter()
         report(0.15, "loading models")
         cap = load_captioner(names["captioner"], device, tuple(sorted(chosen.get("captioner_options", {}).items())))
-        model, vocab = load_predictor(names["predictor"], device)
+        predictor = load_predictor(names["predictor"], device)
+        model, vocab = predictor.model, predictor.vocab
+        candidates = readout_candidates(predictor.known_sentences, readout, names["predictor"])
         ren = load_renderer(names["renderer"], device, tuple(sorted(chosen.get("renderer_options", {}).items())))
         timings["load_models"] = time.perf_counter() - start
 
@@ -188,7 +198,7 @@ def run_rollout(
         predictions = []
         for _ in range(samples if temperature > 0 else 1):
             ids = model.rollout(window.token_ids.to(device), steps, end_ids=vocab.end_ids, temperature=temperature,
-                                top_k=top_k, generator=generator)[0].cpu()  # (steps, N)
+                                top_k=top_k, generator=generator, candidates=candidates)[0].cpu()  # (steps, N)
             predictions.append({"sentences": decode_states(ids, vocab), "token_ids": ids.tolist()})
         timings["predict"] = time.perf_counter() - start
 
@@ -211,6 +221,7 @@ def run_rollout(
             "sampling": {"interval_s": interval, "num_frames": num_frames, "max_frames": max_frames,
                          "frames_per_state": frames_per_state,
                          "steps": steps, "temperature": temperature, "top_k": top_k, "seed": seed,
+                         "readout": "tokens" if candidates is None else f"sentences ({len(candidates)} known)",
                          "samples": len(predictions), "init_from_last_frame": init_from_last_frame},
             "observed": [{"timestamp_s": round(f.timestamp, 3), "frame_index": f.index, "caption": text,
                           "image": f"observed/{i:03d}.png"} for i, (f, text) in enumerate(zip(clip, captions))],
@@ -310,6 +321,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, help="sample only among the k likeliest words")
     parser.add_argument("--seed", type=int, default=0, help="seed for sampling and rendering")
+    parser.add_argument("--readout", choices=READOUTS, default="auto",
+                        help="sentences: pick each state from the predictor's known sentences; tokens: read tokens "
+                             "off freely; auto (default): sentences when the predictor folder lists them")
     parser.add_argument("--init-from-last-frame", action="store_true", help="image-to-image from the last observed frame")
     parser.add_argument("--fps", type=float, default=2.0, help="frame rate of rollout.mp4 (default 2)")
     parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
@@ -338,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             num_frames=args.frames, max_frames=args.max_frames, frames_per_state=args.frames_per_state,
             captioner=args.captioner, renderer=args.renderer,
             predictor=args.predictor, device=args.device, samples=args.samples, temperature=args.temperature,
-            top_k=args.top_k, seed=args.seed, init_from_last_frame=args.init_from_last_frame, fps=args.fps,
+            top_k=args.top_k, seed=args.seed, readout=args.readout, init_from_last_frame=args.init_from_last_frame, fps=args.fps,
             overwrite=args.overwrite,
         )
         print(summary(result))

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from world_model.baseline import BaselineConfig, BaselineModel, aligned_correct
+from world_model.baseline import BaselineConfig, BaselineModel, aligned_correct, compact
 from world_model.four_tensor import FourTensorConfig, FourTensorModel
 from world_model.vocab import Vocabulary
 
@@ -367,3 +367,240 @@ def test_forward_generate_and_rollout_reject_bad_inputs():
         model.generate(torch.zeros(1, T + 1, N, dtype=torch.long))
     with pytest.raises(ValueError, match="steps must be >= 1"):
         model.rollout(torch.zeros(1, T, N, dtype=torch.long), steps=0)
+
+
+# ----- closed-set readout (world_model.decoding) -----
+CANDIDATES = torch.tensor([[4, 5, 0, 0, 0], [6, 7, 8, 9, 10], [3, 0, 0, 0, 0], [12, 2, 11, 0, 0]])
+
+
+def teacher_forced_log_likelihood(model, window_row, sentence) -> torch.Tensor:
+    """Independent reference: [BOS] + the window's non-padding ids, then the sentence's non-padding ids and
+    [EOS] fed one at a time, each scored by the full causal forward on the sequence so far."""
+    seq = [BOS] + [int(t) for t in window_row.flatten() if int(t) != 0]
+    total = torch.zeros((), dtype=model.E.weight.dtype)
+    for target in [int(t) for t in sentence if int(t) != 0] + [EOS]:
+        total = total + model(torch.tensor([seq]))[0, -1].log_softmax(dim=-1)[target]
+        seq.append(target)
+    return total
+
+
+def test_score_sentences_equals_a_teacher_forced_loop_ending_in_eos():
+    model = make_model(seed=3, scale=0.5).double()
+    full = make_full(B=3, seed=13)
+    for window in (full[:, :T], full[:, 1:2]):  # a full window and a one-sentence one
+        with torch.no_grad():
+            scores = model.score_sentences(window, CANDIDATES)
+        assert scores.shape == (3, len(CANDIDATES)) and scores.dtype == torch.float64
+        for b in range(3):
+            for c in range(len(CANDIDATES)):
+                with torch.no_grad():
+                    ref = teacher_forced_log_likelihood(model, window[b], CANDIDATES[c])
+                torch.testing.assert_close(scores[b, c], ref, rtol=1e-10, atol=1e-10)
+    # Chunking does not change the scores; padding inside a row is removed as training packing removes it.
+    window = full[:, :T]
+    torch.testing.assert_close(model.score_sentences(window, CANDIDATES, chunk_rows=1),
+                               model.score_sentences(window, CANDIDATES), rtol=1e-12, atol=1e-12)
+    gappy = torch.tensor([[4, 0, 5, 0, 0], [4, 5, 0, 0, 0]])
+    gap_scores = model.score_sentences(window, gappy)
+    torch.testing.assert_close(gap_scores[:, 0], gap_scores[:, 1], rtol=1e-12, atol=1e-12)
+    # The [EOS] term is part of the score: a sentence is not scored like its own prefix.
+    prefix_only = model.score_sentences(window, torch.tensor([[6, 7, 8, 9, 10], [6, 7, 8, 9, 0]]))
+    assert not torch.allclose(prefix_only[:, 0], prefix_only[:, 1])
+
+
+def score_sentences_full_sequences(model, token_ids, candidates, chunk_rows=None) -> torch.Tensor:
+    """Reference: the earlier `score_sentences`, which packs every (window, candidate) pair as one full sequence
+    [BOS] + window + candidate + [EOS] and runs all B * C of them through the causal stack, prefix included."""
+    c = model.config
+    cand = candidates.long()
+    prefix, prefix_len = model.pack_prefix(token_ids)  # (B, Lp), (B,)
+    gold, gold_len = compact(cand, cand != c.padding_idx, c.padding_idx, tail=c.eos_id)  # (C, G), (C,)
+    B, C, G = prefix.shape[0], cand.shape[0], gold.shape[1]
+    prefix_live = torch.arange(prefix.shape[1])[None, :] < prefix_len[:, None]  # (B, Lp)
+    gold_live = torch.arange(G)[None, :] < gold_len[:, None]  # (C, G)
+    chunk_rows = chunk_rows or B * C
+    steps = torch.arange(G)[None, :]  # (1, G)
+    scores = []
+    for start in range(0, B * C, chunk_rows):
+        flat = torch.arange(start, min(start + chunk_rows, B * C))  # (R,) row b * C + c
+        b, k = flat // C, flat % C
+        seq, _ = compact(torch.cat([prefix[b], gold[k]], dim=1),  # (R, <=L) prefix + span, no gap
+                         torch.cat([prefix_live[b], gold_live[k]], dim=1), c.padding_idx)
+        H = model.encode(seq)  # (R, L', d)
+        pos = (prefix_len[b][:, None] - 1 + steps).clamp(max=seq.shape[1] - 1)  # (R, G) predicts gold k
+        h = H.gather(1, pos[..., None].expand(-1, -1, H.shape[-1]))  # (R, G, d)
+        log_probs = F.linear(h, model.E.weight).log_softmax(dim=-1)  # (R, G, V)
+        picked = log_probs.gather(-1, gold[k][..., None])[..., 0]  # (R, G)
+        scores.append(torch.where(gold_live[k], picked, picked.new_zeros(())).sum(dim=1))
+    return torch.cat(scores).view(B, C)
+
+
+def ragged_candidates(C, seed) -> torch.Tensor:
+    """(C, N) content ids with padding gaps inside rows and ragged lengths, at least one content id per row."""
+    g = torch.Generator().manual_seed(seed)
+    cand = torch.randint(2, V, (C, N), generator=g)
+    cand[torch.rand(C, N, generator=g) < 0.4] = 0  # gaps anywhere, trailing padding included
+    empty = ~(cand != 0).any(dim=1)
+    cand[empty, torch.randint(0, N, (int(empty.sum()),), generator=g)] = 7
+    cand[0] = torch.tensor([5, 0, 0, 0, 0])  # the shortest span: one token, then [EOS]
+    cand[1] = torch.tensor([2, 3, 4, 5, 6])  # the longest: G = N + 1
+    return cand
+
+
+@pytest.mark.parametrize("attention", [dict(), dict(attention="gqa", n_kv_heads=1),
+                                       dict(attention="mla", mla_kv_rank=3), dict(attention="tucker", tucker_ranks=(2, 3, 3))])
+def test_score_sentences_with_the_prefix_cache_equals_the_full_sequence_reference(attention):
+    """Prefilling each window once and running only the candidates' tokens after it gives the scores of
+    running every [BOS] + window + candidate + [EOS] sequence in full, for full and short windows, ragged
+    candidates, any chunking, and the same gradient."""
+    model = make_model(seed=5, scale=0.5, **attention).double()
+    full = make_full(B=6, seed=20)
+    full[0, :T] = 0  # an all-padding window: the prefix is [BOS] alone
+    full[1, :T] = 9  # a window without padding: the longest prefix, 1 + T * N
+    cand = ragged_candidates(9, seed=21)
+    for window in (full[:, :T], full[:, 1:2], full[:, 2:T]):  # full T' = T and short windows
+        with torch.no_grad():
+            ref = score_sentences_full_sequences(model, window, cand)
+            for chunk_rows in (None, 1, 4, 9, 10, 23, 1000):  # within a window, several windows, all at once
+                got = model.score_sentences(window, cand, chunk_rows=chunk_rows)
+                assert got.shape == (6, 9)
+                torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-10)
+    window = full[:, :T]
+    model.score_sentences(window, cand, chunk_rows=7).sum().backward()
+    fast = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    score_sentences_full_sequences(model, window, cand).sum().backward()
+    for g, p in zip(fast, model.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-9, atol=1e-10)
+    # float32, as used: the same scores to float tolerance
+    model = model.float()
+    with torch.no_grad():
+        torch.testing.assert_close(model.score_sentences(window, cand),
+                                   score_sentences_full_sequences(model, window, cand), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("attention", [dict(), dict(attention="mla", mla_kv_rank=3, mla_shared_kv=True)])
+def test_extend_many_equals_one_token_extends(attention):
+    model = make_model(seed=6, scale=0.5, **attention).double()
+    prefix, prefix_len = model.pack_prefix(make_full(B=4, seed=22)[:, :T])
+    tokens = torch.randint(2, V, (4, 4), generator=torch.Generator().manual_seed(23))
+    _, one = model.prefill(prefix, prefix_len)
+    _, many = model.prefill(prefix, prefix_len)
+    steps = torch.stack([model.extend(one, tokens[:, k]) for k in range(4)], dim=1)
+    torch.testing.assert_close(model.extend_many(many, tokens), steps, rtol=1e-12, atol=1e-12)
+    assert torch.equal(many.live, one.live) and torch.equal(many.next_pos, one.next_pos)
+    for a, b in zip(many.kv, one.kv):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+
+
+def test_score_sentences_is_the_training_target_log_likelihood_of_the_models_own_free_run():
+    """Where a candidate is the model's own greedy sentence, teacher forcing and the free run read the same
+    tokens, so its score is minus the window cross-entropy of training_step on that window."""
+    model = make_model(seed=4, scale=0.5).double()
+    window = make_full(B=5, seed=4)[:, :T]
+    own = model.generate(window)
+    for b in range(5):
+        if not (own[b] != 0).any():
+            continue
+        full = torch.cat([window[b : b + 1], own[b : b + 1, None]], dim=1)  # (1, T+1, N), S(T) = own sentence
+        stats = model.training_step(full)
+        score = model.score_sentences(window[b : b + 1], own[b : b + 1])
+        torch.testing.assert_close(score[0, 0], -stats.window_ce_sum, rtol=1e-10, atol=1e-10)
+
+
+def test_generate_with_one_candidate_returns_it_for_every_row():
+    model = make_model(seed=1, scale=0.5)
+    window = make_full(B=4, seed=14)[:, :T]
+    one = CANDIDATES[1:2]
+    assert torch.equal(model.generate(window, candidates=one), one.expand(4, N))
+    g = torch.Generator().manual_seed(0)
+    assert torch.equal(model.generate(window, candidates=one, temperature=1.0, generator=g), one.expand(4, N))
+
+
+def test_generate_with_candidates_takes_the_argmax_of_score_sentences():
+    model = make_model(seed=0, scale=0.5)
+    window = make_full(B=6, seed=15)[:, :T]
+    own = model.generate(window, banned_ids=[0, BOS])
+    own = own[(own != 0).any(dim=1)]  # the model's own greedy sentences, plus random others
+    others = make_full(B=4, seed=16, min_len=1)[:, 0]
+    candidates = torch.cat([own, others])
+    scores = model.score_sentences(window, candidates)
+    chosen = model.generate(window, candidates=candidates)
+    assert torch.equal(chosen, candidates[scores.argmax(dim=1)])
+    assert len({tuple(r) for r in chosen.tolist()}) > 1, "the test wants rows that choose differently"
+    # banned_ids and end_ids do not apply to the closed-set readout
+    assert torch.equal(model.generate(window, candidates=candidates, banned_ids=[4, 5], end_ids=[6]), chosen)
+    # top_k = 1 sampling is the argmax
+    g = torch.Generator().manual_seed(2)
+    assert torch.equal(model.generate(window, candidates=candidates, temperature=1.0, top_k=1, generator=g), chosen)
+
+
+def test_generate_sampling_over_candidates_is_reproducible_and_closed():
+    model = make_model(seed=2, scale=0.5)
+    window = make_full(B=50, seed=17)[:, :T]
+    rows = {tuple(r) for r in CANDIDATES.tolist()}
+
+    def sample(seed):
+        g = torch.Generator().manual_seed(seed)
+        return model.generate(window, candidates=CANDIDATES, temperature=5.0, generator=g)
+
+    a, b, other = sample(7), sample(7), sample(8)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, other)
+    for out in (a, other):
+        assert out.shape == (50, N) and {tuple(r) for r in out.tolist()} <= rows
+    assert len({tuple(r) for r in a.tolist()}) > 1  # hot sampling visits several candidates
+
+
+def test_rollout_with_candidates_stays_in_the_set_and_slides_the_window():
+    model = make_model(seed=4, scale=0.5)
+    window = make_full(B=3, seed=18)[:, :T]
+    rows = {tuple(r) for r in CANDIDATES.tolist()}
+    out = model.rollout(window, steps=4, candidates=CANDIDATES, banned_ids=[3])
+    assert out.shape == (3, 4, N)
+    assert all(tuple(r) in rows for r in out.reshape(-1, N).tolist())
+    current = window
+    for step in range(4):
+        state = model.generate(current, candidates=CANDIDATES)
+        assert torch.equal(out[:, step], state)
+        current = torch.cat([current[:, 1:], state[:, None]], dim=1)
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    hot = dict(candidates=CANDIDATES, temperature=5.0)
+    s1 = model.rollout(window, steps=3, generator=g1, **hot)
+    assert torch.equal(s1, model.rollout(window, steps=3, generator=g2, **hot))
+    assert all(tuple(r) in rows for r in s1.reshape(-1, N).tolist())
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (torch.zeros(2, N + 1, dtype=torch.long) + 3, r"candidates must be \(C, N=5\)"),
+        (torch.tensor([3, 4, 0, 0, 0]), r"candidates must be \(C, N=5\)"),
+        (torch.zeros(0, N, dtype=torch.long), r"C >= 1"),
+        (torch.tensor([[4, 5, 0, 0, 0], [0, 0, 0, 0, 0]]), r"row\(s\) \[1\] hold only padding"),
+        (torch.tensor([[4, V, 0, 0, 0]]), rf"candidate ids must lie in \[0, {V}\)"),
+        (torch.tensor([[4, BOS, 0, 0, 0]]), rf"candidate ids must lie in \[0, {V}\)"),
+        (torch.tensor([[4, -1, 0, 0, 0]]), r"candidate ids must lie"),
+        (torch.tensor([[4.0, 5.0, 0, 0, 0]]), r"integer token ids"),
+    ],
+)
+def test_bad_candidates_are_rejected_with_the_problem_named(bad, message):
+    model = make_model()
+    window = make_full(B=2, seed=19)[:, :T]
+    with pytest.raises(ValueError, match=message):
+        model.score_sentences(window, bad)
+    with pytest.raises(ValueError, match=message):
+        model.generate(window, candidates=bad)
+    with pytest.raises(ValueError, match=message):
+        model.rollout(window, steps=2, candidates=bad)
+
+
+def test_score_sentences_checks_the_window():
+    model = make_model()
+    with pytest.raises(ValueError, match="insert the batch axis"):
+        model.score_sentences(torch.zeros(T, N, dtype=torch.long), CANDIDATES)
+    with pytest.raises(ValueError, match=r"shape \(B>=1, 1..3, 5\)"):
+        model.score_sentences(torch.zeros(1, T + 1, N, dtype=torch.long), CANDIDATES)
+    with pytest.raises(ValueError, match="chunk_rows"):
+        model.score_sentences(torch.zeros(1, T, N, dtype=torch.long), CANDIDATES, chunk_rows=0)

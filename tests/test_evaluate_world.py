@@ -10,6 +10,7 @@ from PIL import Image
 from pipeline import evaluate_world as ew
 from pipeline.tiny_models import make_tiny_blip, make_tiny_predictor, one_torch_thread
 from world_model import synthetic_world as sw
+from world_model.decoding import write_known_sentences
 from world_model.models import build_model, model_vocab_size
 from world_model.vocab import Vocabulary, tokenize
 
@@ -40,6 +41,7 @@ def world(tmp_path_factory):
             text_layers=1, text_heads=2, num_inference_steps=2)
         build_pixel_pipeline(sentences, config).save_pretrained(pack / "renderer")
         make_tiny_predictor(pack / "predictor", sentences)
+        write_known_sentences(pack / "predictor", sentences)  # the 4-tensor reads known sentences; the baseline, tokens
         vocab = Vocabulary.build(sentences)
         torch.manual_seed(0)
         baseline = build_model({"type": "baseline", "d_x": 4, "d_t": 4, "n_heads": 2, "n_layers": 1},
@@ -92,6 +94,9 @@ def test_full_loop_writes_consistent_results(world, tmp_path):
             assert all(len(p) == STEPS for p in predicted)
             expected = [np.mean([same(p[k], f[k]) for p, f in zip(predicted, futures)]) for k in range(STEPS)]
             assert results["next_state"][name][context]["accuracy"] == pytest.approx(expected, abs=1e-4)
+    assert results["readout"] == {"four_tensor": f"sentences ({len(set(truths))} known)", "baseline": "tokens"}
+    assert set(results["next_state"]) == {"four_tensor", "four_tensor_tokens", "baseline", "copy_last"}
+    assert all(s in truths for e in episodes for c in ("captions", "truth") for s in e["predictions"]["four_tensor"][c])
     resting = [e for e in episodes if e["truths"][OBSERVE - 1] == e["truths"][-1]]
     assert resting and results["next_state"]["copy_last"]["truth"]["accuracy"][-1] >= len(resting) / 3 - 1e-4
 
@@ -116,7 +121,9 @@ def test_full_loop_writes_consistent_results(world, tmp_path):
 
     md = (out / "results.md").read_text()
     assert results["command"] in md and results["command"].startswith("python -m pipeline.evaluate_world --pack")
-    assert md.count("| 4-tensor |") == md.count("| copy-last |") == 2 * (1 + len(sw.SCENE_TYPES)) and "![storyboard](storyboard.png)" in md
+    rows = 2 * (1 + len(sw.SCENE_TYPES))
+    assert md.count("| 4-tensor |") == md.count("| copy-last |") == md.count("| 4-tensor, per-slot readout |") == rows
+    assert "flat baseline, token readout" not in md and "![storyboard](storyboard.png)" in md
     assert len(results["storyboard"]) == 2
     with Image.open(out / "storyboard.png") as image:
         assert image.format == "PNG" and image.width > image.height > 200

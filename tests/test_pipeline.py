@@ -15,7 +15,7 @@ from pipeline.rollout import RolloutError, main, run_rollout
 from pipeline.windows import as_state_sentence, caption_window
 from tests.model_factories import make_tiny_blip, make_tiny_sd, one_torch_thread, write_test_clip
 from world_model.four_tensor import FourTensorConfig, FourTensorModel
-from world_model.vocab import Vocabulary
+from world_model.vocab import Vocabulary, same_sentence
 
 WORDS = ["a red square moves to the right .", "the square stops at the wall .", "a ball falls down ."]
 
@@ -196,3 +196,24 @@ def test_auto_preset_without_hub_or_pack_explains_both(clip, tmp_path, capsys, o
     err = capsys.readouterr().err
     assert "Salesforce/blip-image-captioning-base" in err and "neither cached nor reachable" in err
     assert "offline model pack is not in this installation" in err
+
+
+def test_readout_picks_known_sentences_when_the_predictor_lists_them(models, clip, tmp_path, capsys):
+    """A predictor folder with known_sentences.txt predicts only those (readout auto); `tokens` overrides it, and
+    `sentences` without the file is refused before any model work."""
+    known = WORDS[:2]
+    folder = tmp_path / "predictor-known"
+    with one_torch_thread():
+        torch.manual_seed(0)
+        model = FourTensorModel(FourTensorConfig(vocab_size=len(models["vocab"]), d_x=4, d_t=2, n_heads=1, n_layers=1))
+        model.save_pretrained(folder, vocab=models["vocab"], known_sentences=known)
+        parts = {"captioner": models["captioner"], "renderer": models["renderer"], "predictor": str(folder)}
+        closed = run_rollout(clip, steps=3, out_dir=tmp_path / "closed", samples=4, temperature=3.0, **parts)
+        free = run_rollout(clip, steps=3, out_dir=tmp_path / "free", readout="tokens", **parts)
+    assert closed.record["sampling"]["readout"] == "sentences (2 known)"
+    predicted = [s for sample in closed.predicted_sentences for s in sample]
+    assert all(any(same_sentence(p, k) for k in known) for p in predicted), predicted
+    assert free.record["sampling"]["readout"] == "tokens"
+    code = main([str(clip), "--out", str(tmp_path / "refused"), "--readout", "sentences", *cli_models(models)])
+    assert code == 2 and "known_sentences.txt" in capsys.readouterr().err
+    assert not (tmp_path / "refused").exists()

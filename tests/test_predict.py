@@ -3,6 +3,7 @@ import json
 
 import torch
 
+from world_model.decoding import write_known_sentences
 from world_model.four_tensor import FourTensorConfig, FourTensorModel
 from world_model.predict import main, predict
 from world_model.vocab import Vocabulary
@@ -33,3 +34,15 @@ def test_predict_cli_json_and_errors(tmp_path, capsys):
     assert out["unknown_words"] == ["zebra"]
     assert main(["--checkpoint", str(tmp_path / "missing"), "Tom."]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_known_sentences_in_the_checkpoint_restrict_every_step(tmp_path, capsys):
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")
+    assert main(["--checkpoint", str(ckpt), "--readout", "sentences", "Tom was hungry."]) == 2
+    assert "known_sentences.txt" in capsys.readouterr().err
+    write_known_sentences(ckpt, ["he ate a sandwich !", "tom was hungry ."])
+    result = predict(["Tom was hungry."], ckpt, steps=3, samples=6, temperature=5.0, seed=0)
+    assert result["readout"] == "sentences"
+    said = {s for p in result["predictions"] for s in p}
+    assert said <= {"he ate a sandwich!", "tom was hungry."} and len(said) == 2, said
+    assert predict(["Tom was hungry."], ckpt, steps=1, readout="tokens")["readout"] == "tokens"

@@ -8,14 +8,16 @@ import torch
 
 from world_model import synthetic_world as sw
 from world_model.config_io import load_config
-from world_model.models import build_model, load_model
+from world_model.models import build_model, load_model, load_predictor
 from world_model.rocstories import DataError
 from world_model.train import train
 from world_model.vocab import Vocabulary, tokenize
 from world_model.world_sentences import (
+    main,
     copy_last_predictions,
     data_kind,
     episode_sentences,
+    known_sentences,
     load_world_windows,
     next_state_accuracy,
     observed_and_future,
@@ -159,6 +161,13 @@ def test_train_runs_one_epoch_on_world_episodes(world, tmp_path, name):
     assert vocab.itos == load_world_windows(world, n_states=3, n_tokens=16)[0].itos
     contexts, _ = observed_and_future(read_episodes(world / "heldout"), observed=3, steps=2)
     assert [len(p) for p in predict_ahead(model, vocab, contexts, steps=2)] == [2, 2]
+    # The world's sentences travel with the checkpoint, and the closed-set readout predicts only them.
+    train_sentences = {s for r in read_episodes(world / "train") for s in episode_sentences(r)}
+    saved = load_predictor(tmp_path / "run" / "best")
+    assert len(saved.known_sentences) == len(train_sentences) == len(known_sentences(world))
+    assert load_predictor(tmp_path / "run" / "last" / "model").known_sentences.shape == saved.known_sentences.shape
+    closed = predict_ahead(model, vocab, contexts, steps=2, candidates=saved.known_sentences)
+    assert all(s in train_sentences for p in closed for s in p)
 
 
 def test_train_names_both_layouts_when_the_folder_holds_neither(tmp_path):
@@ -166,3 +175,26 @@ def test_train_names_both_layouts_when_the_folder_holds_neither(tmp_path):
     with pytest.raises(DataError, match="synthetic world.*ROCStories"):
         train(load_config(REPO / "configs/world_model/synthetic.yaml"), tmp_path / "data", tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_scoring_command_reports_each_checkpoint_beside_copy_last_and_the_ceiling(world, tmp_path, capsys):
+    vocab, _, _, _ = load_world_windows(world, n_states=3, n_tokens=16)
+    model = tiny_model("four_tensor", vocab)
+    model.save_pretrained(tmp_path / "known", vocab=vocab, known_sentences=known_sentences(world))
+    model.save_pretrained(tmp_path / "free", vocab=vocab)
+    argv = ["--checkpoint", str(tmp_path / "known"), str(tmp_path / "free"), "--data", str(world / "heldout"),
+            "--episodes", "2", "--observe", "3", "--steps", "2", "--json", str(tmp_path / "scores.json")]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    scores = json.loads((tmp_path / "scores.json").read_text())
+    records = read_episodes(world / "heldout")
+    contexts, futures = observed_and_future(records, observed=3, steps=2)
+    known = load_predictor(tmp_path / "known").known_sentences
+    expected = next_state_accuracy(predict_ahead(model, vocab, contexts, 2, candidates=known), futures)
+    assert scores["predictors"][str(tmp_path / "known")]["accuracy"] == expected
+    assert scores["predictors"][str(tmp_path / "free")]["readout"] == "tokens"
+    assert scores["predictors"]["copy the last state"]["accuracy"] == next_state_accuracy(
+        copy_last_predictions(contexts, 2), futures)
+    assert scores["ceiling"]["accuracy"][0] == pytest.approx(sum(r["next"][2]["best_p"] for r in records) / 2)
+    assert f"| {tmp_path / 'known'} | sentences ({len(known)} known) |" in table and "| ceiling |" in table
+    assert main(argv[:3] + ["--data", str(tmp_path / "nowhere")]) == 2

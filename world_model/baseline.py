@@ -47,6 +47,7 @@ from torch import nn
 from world_model.attention_family import KINDS as ATTENTION_KINDS
 from world_model.attention_family import AttentionConfig, FamilyAttention
 from world_model.checkpoint import PretrainedMixin
+from world_model.decoding import check_candidates, choose_candidates
 from world_model.four_tensor import StepStats, sinusoidal_embedding
 from world_model.inputs import INT_DTYPES, check_example, check_window
 
@@ -228,6 +229,11 @@ class KVCache:
         self.kv = kv  # per layer: the attention's cache tuple (see above)
         self.live = live  # (B, Lk) True at real keys
         self.next_pos = next_pos  # (B,) position of the next token fed
+
+    def select(self, rows: torch.Tensor) -> "KVCache":
+        """A new cache of the given rows (R,) of this one (repeats allowed), e.g. one copy per candidate."""
+        kv = [tuple(t[rows] for t in layer) for layer in self.kv]  # every cached tensor is batch-first
+        return KVCache(kv, self.live[rows], self.next_pos[rows])
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
@@ -418,15 +424,28 @@ class BaselineModel(PretrainedMixin, nn.Module):
 
     def extend(self, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (B,) at each row's next position -> its logits (B, V); grows `cache`."""
-        if int(cache.next_pos.max()) >= self.config.max_len:
+        return self.extend_many(cache, tokens[:, None])[:, 0]
+
+    def extend_many(self, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed K tokens per row (B, K) at each row's next K positions in one causal pass -> their logits
+        (B, K, V), logits[:, k] predicting the token after tokens[:, k]; grows `cache` by K columns.
+
+        Token k of a row sees the row's live cached keys and its own tokens 0..k, exactly as K calls of
+        `extend` would, at positions next_pos .. next_pos + K - 1.
+        """
+        B, K = tokens.shape
+        if int(cache.next_pos.max()) + K > self.config.max_len:
             raise ValueError(f"the sequence would pass max_len = {self.config.max_len}")
-        x = self.E(tokens.long())[:, None] + self.position_code(cache.next_pos)[:, None]  # (B, 1, d)
-        cache.live = torch.cat([cache.live, cache.live.new_ones(cache.live.shape[0], 1)], dim=1)
-        mask = cache.live[:, None, None, :]  # (B, 1, 1, Lk)
+        steps = torch.arange(K, device=tokens.device)
+        x = self.E(tokens.long()) + self.position_code(cache.next_pos[:, None] + steps)  # (B, K, d)
+        causal = steps[:, None] >= steps[None, :]  # (K, K) token k sees tokens 0..k
+        mask = torch.cat([cache.live[:, None, None, :].expand(B, 1, K, -1),  # (B, 1, K, Lk + K)
+                          causal.expand(B, 1, K, K)], dim=-1)
         for i, block in enumerate(self.blocks):
             x, cache.kv[i] = block(x, cache.kv[i], mask)
-        cache.next_pos = cache.next_pos + 1
-        return F.linear(self.final_norm(x[:, 0]), self.E.weight)
+        cache.live = torch.cat([cache.live, cache.live.new_ones(B, K)], dim=1)
+        cache.next_pos = cache.next_pos + K
+        return F.linear(self.final_norm(x), self.E.weight)
 
     def decode(
         self,
@@ -501,6 +520,67 @@ class BaselineModel(PretrainedMixin, nn.Module):
             last_tokens=content.sum(),
         )
 
+    # ----- closed-set scoring -----
+    def score_sentences(self, token_ids: torch.Tensor, candidates: torch.Tensor,
+                        chunk_rows: int | None = None) -> torch.Tensor:
+        """Teacher-forced log-likelihood of each candidate as the next sentence: window (B, T', N) with
+        1 <= T' <= T, candidates (C, N) -> scores (B, C).
+
+        scores[b, c] = sum_k log softmax(logits)[gold_k] over the candidate's span exactly as `pack` builds a
+        training target: its non-padding ids in order, then [EOS]. Training (`pack`, `training_step`) puts
+        [EOS] after the last content token of every target S(T) and scores it, so [EOS] is what terminates a
+        sentence here too (`end_ids` of `generate` are a decoding option, never a training target). The
+        conditioning sequence is what the model reads in training with the candidate as S(T): `pack_prefix`
+        of the window ([BOS] + its non-padding ids), then the candidate's earlier gold tokens, positions from
+        0 and log-probabilities over the whole output table (V = content vocabulary + 2).
+
+        `candidates` must pass `check_candidates` (C >= 1 rows of width N, ids in the content vocabulary
+        [0, content_vocab_size), at least one non-padding id per row); the window is checked as in
+        `generate`. Padding inside a row is removed as `pack` removes it.
+
+        How it computes: the prefix is the same for every candidate, so each window's prefix runs through the
+        causal stack once (`prefill`, which also gives the log-probability of each candidate's first token),
+        and only the candidates' tokens run after it: the prefix cache is copied to one row per (window,
+        candidate) pair (`KVCache.select`) and each candidate's span but its final [EOS] is fed in one causal
+        multi-token pass (`extend_many`), its token k at position prefix_len + k, seeing the live prefix and
+        its own tokens 0..k, exactly the sequence [BOS] + window + candidate + [EOS] of teacher forcing.
+        Windows are prefilled in groups of max(1, chunk_rows // C) and their (window, candidate) rows run
+        `chunk_rows` at a time (default: sized to about 2^25 activations per chunk), so memory stays bounded
+        under torch.no_grad(); with autograd on, the result is differentiable.
+        """
+        c = self.config
+        self.check_window(token_ids)
+        if not isinstance(candidates, torch.Tensor):
+            raise ValueError(f"candidates must be a (C, N={c.n_tokens}) tensor of token ids, got {type(candidates).__name__}")
+        check_candidates(candidates, c.n_tokens, c.padding_idx, c.content_vocab_size)
+        device = token_ids.device
+        cand = candidates.to(device).long()
+        prefix, prefix_len = self.pack_prefix(token_ids)  # (B, Lp), (B,)
+        gold, gold_len = compact(cand, cand != c.padding_idx, c.padding_idx, tail=c.eos_id)  # (C, G), (C,)
+        B, C, G = prefix.shape[0], cand.shape[0], gold.shape[1]  # G >= 2: one content id, then [EOS]
+        gold_live = torch.arange(G, device=device)[None, :] < gold_len[:, None]  # (C, G)
+        fed, targets, later_live = gold[:, :-1], gold[:, 1:], gold_live[:, 1:]  # (C, G - 1) each
+        L = prefix.shape[1] + G  # longest packed sequence, prefix + span, <= max_len
+        if chunk_rows is None:  # per (window, candidate) row: the span's MLP and readout, its copy of the cache
+            chunk_rows = max(1, (1 << 25) // (G * (c.d_ff + c.vocab_size) + 4 * L * c.d))
+        if chunk_rows < 1:
+            raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+        group = max(1, chunk_rows // C)  # windows prefilled together; their B_w * C rows then run in chunks
+        scores = []
+        for w0 in range(0, B, group):
+            lens = prefix_len[w0 : w0 + group]  # (B_w,)
+            logits, cache = self.prefill(prefix[w0 : w0 + group, : int(lens.max())], lens)  # each prefix once
+            first = logits.log_softmax(dim=-1)[:, gold[:, 0]]  # (B_w, C) log p(first gold token | prefix)
+            Bw, rest = first.shape[0], []
+            for start in range(0, Bw * C, chunk_rows):
+                flat = torch.arange(start, min(start + chunk_rows, Bw * C), device=device)  # (R,) row b * C + c
+                b, k = flat // C, flat % C
+                log_probs = self.extend_many(cache.select(b), fed[k]).log_softmax(dim=-1)  # (R, G - 1, V)
+                picked = log_probs.gather(-1, targets[k][..., None])[..., 0]  # (R, G - 1)
+                rest.append(torch.where(later_live[k], picked, picked.new_zeros(())).sum(dim=1))
+            scores.append(first + torch.cat(rest).view(Bw, C))
+        return torch.cat(scores)
+
     # ----- generation -----
     def picker(self, banned_ids=(), temperature: float = 0.0, top_k: int | None = None,
                generator: torch.Generator | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -534,6 +614,7 @@ class BaselineModel(PretrainedMixin, nn.Module):
         top_k: int | None = None,
         generator: torch.Generator | None = None,
         use_cache: bool = True,
+        candidates: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The next sentence from the prefix alone: window (B, T', N) -> content ids (B, N), right-padded.
 
@@ -541,8 +622,17 @@ class BaselineModel(PretrainedMixin, nn.Module):
         Greedy decoding takes the argmax over the whole table, as the free-running objective does, so its
         accuracy against gold S(T) is `last_correct` of `training_step`; pass `banned_ids` to exclude ids
         such as padding or [BOS] (which `rollout` bans, to keep its windows in the content vocabulary).
+
+        Closed-set readout. With `candidates` (C, N), the known sentences (`world_model.decoding`), each row
+        returns one candidate row as given: the one of highest `score_sentences` log-likelihood at temperature
+        0, else a sample from softmax(score / temperature) (top_k then counts candidates; `generator` makes it
+        reproducible). `end_ids`, `banned_ids` and `use_cache` do not apply then: no token is chosen freely.
         """
         c = self.config
+        if candidates is not None:
+            scores = self.score_sentences(token_ids, candidates)  # (B, C); checks both inputs
+            candidates = candidates.to(token_ids.device).long()
+            return choose_candidates(scores, candidates, temperature, top_k, generator)
         self.check_window(token_ids)
         prefix, prefix_len = self.pack_prefix(token_ids)
         stop_ids = torch.tensor([c.eos_id, *end_ids], device=token_ids.device)
@@ -560,7 +650,9 @@ class BaselineModel(PretrainedMixin, nn.Module):
 
         Each prediction is appended to the window, which keeps its last T sentences and is packed again;
         `decoding` goes to `generate`, with padding and [BOS] added to the banned ids: neither is content,
-        and a padding id inside a predicted state would read as a gap in the next window.
+        and a padding id inside a predicted state would read as a gap in the next window. With
+        `candidates=` (C, N) every predicted state is one of its rows (closed-set readout, see `generate`;
+        the banned ids are then unused).
         """
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")

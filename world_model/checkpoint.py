@@ -13,11 +13,13 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+
+from world_model.decoding import write_known_sentences
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -123,8 +125,10 @@ class PretrainedMixin:
 
     config_class: type
 
-    def save_pretrained(self, folder: str | os.PathLike, vocab=None, dtype: torch.dtype | None = None, **extra: Any) -> Path:
-        """Write config.json, model.safetensors (cast to `dtype` if given) and the vocabulary into `folder`.
+    def save_pretrained(self, folder: str | os.PathLike, vocab=None, dtype: torch.dtype | None = None,
+                        known_sentences: Sequence[str] | None = None, **extra: Any) -> Path:
+        """Write config.json, model.safetensors (cast to `dtype` if given), the vocabulary and the known
+        sentences (known_sentences.txt, for the closed-set readout of `world_model.decoding`) into `folder`.
 
         `extra` entries are stored in config.json under "extra" (e.g. training provenance).
         """
@@ -139,6 +143,8 @@ class PretrainedMixin:
             write_json_atomic(tmp / CONFIG_NAME, config)
             if vocab is not None:
                 vocab.save(tmp)
+            if known_sentences is not None:
+                write_known_sentences(tmp, known_sentences)
         return folder
 
     @classmethod

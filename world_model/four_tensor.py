@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from world_model.checkpoint import PretrainedMixin
+from world_model.decoding import check_candidates, choose_candidates, slot_log_likelihood
 from world_model.inputs import check_example, check_window
 from world_model.kernels import linear_cross_entropy
 
@@ -412,6 +413,7 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         temperature: float = 0.0,
         top_k: int | None = None,
         generator: torch.Generator | None = None,
+        candidates: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Read one predicted sentence off its logits: (B, N, V) -> token ids (B, N).
 
@@ -425,12 +427,23 @@ class FourTensorModel(PretrainedMixin, nn.Module):
 
         temperature 0 is greedy argmax; temperature > 0 samples from softmax(logits / temperature),
         restricted to the top_k ids when top_k is given, using `generator` for reproducible futures.
+
+        Closed-set readout. With `candidates` (C, N), the known sentences (`world_model.decoding`), the
+        sentence is one of them instead: each is scored by the summed log-probability of its content slots
+        under the per-slot distributions (the excluded ids removed), and the highest score is taken, or one
+        is sampled from softmax(score / temperature) (top_k then counts candidates). `end_ids` is not used.
         """
         logits = logits.float().clone()
         excluded = [self.config.padding_idx, *banned_ids]
         if self.config.unknown_idx is not None:
             excluded.append(self.config.unknown_idx)
         logits[..., excluded] = float("-inf")
+        if candidates is not None:
+            c = self.config
+            check_candidates(candidates, c.n_tokens, c.padding_idx, c.vocab_size)
+            candidates = candidates.to(logits.device).long()
+            scores = slot_log_likelihood(logits.log_softmax(dim=-1), candidates, c.padding_idx)  # (B, C)
+            return choose_candidates(scores, candidates, temperature, top_k, generator)
         if temperature <= 0:
             ids = logits.argmax(dim=-1)
         else:
@@ -456,12 +469,14 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         temperature: float = 0.0,
         top_k: int | None = None,
         generator: torch.Generator | None = None,
+        candidates: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Predict `steps` future sentences from a window (B, T, N) -> (B, steps, N).
 
         Each step reads the next sentence off the last slice, appends the prediction, drops the oldest
         sentence once the window holds T, and writes the new window again onto positions 0..T-1 (the temporal embedding is
-        recomputed from those positions, section 2.3). Decoding follows `decode_state`.
+        recomputed from those positions, section 2.3). Decoding follows `decode_state` (with `candidates`, every
+        predicted sentence is one of them).
         """
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
@@ -470,7 +485,7 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         predicted = []
         for _ in range(steps):
             logits = self.last_slice_logits(window)  # (B, N, V)
-            state = self.decode_state(logits, end_ids, banned_ids, temperature, top_k, generator)
+            state = self.decode_state(logits, end_ids, banned_ids, temperature, top_k, generator, candidates)
             predicted.append(state)
             window = torch.cat([window, state[:, None]], dim=1)[:, -self.config.n_states :]
         return torch.stack(predicted, dim=1)

@@ -8,13 +8,16 @@ define a classmethod ``vocab_size_for(vocab) -> int`` when its embedding table i
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
+import torch
 from torch import nn
 
 from world_model.checkpoint import CheckpointError, read_config_dict, resolve_folder
 from world_model.baseline import BaselineConfig, BaselineModel
+from world_model.decoding import load_known_sentences
 from world_model.four_tensor import FourTensorConfig, FourTensorModel
+from world_model.vocab import Vocabulary
 
 MODEL_TYPES: dict[str, tuple[type, type]] = {
     "four_tensor": (FourTensorConfig, FourTensorModel),
@@ -73,6 +76,26 @@ def load_model(name_or_path: str | os.PathLike, device: str = "cpu") -> nn.Modul
         raise CheckpointError(f"{folder}/config.json has model_type {model_type!r}; known types: {sorted(MODEL_TYPES)}")
     _, model_class = MODEL_TYPES[model_type]
     return model_class.from_pretrained(folder, device=device)
+
+
+class Predictor(NamedTuple):
+    """A predictor checkpoint as the pipeline uses it."""
+
+    model: nn.Module
+    vocab: Vocabulary
+    known_sentences: torch.Tensor | None  # (C, N) the closed set of known_sentences.txt, or None
+
+
+def load_predictor(name_or_path: str | os.PathLike, device: str = "cpu") -> Predictor:
+    """A checkpoint folder (or hub id) with its vocabulary and, when it has them, its known sentences."""
+    folder = resolve_folder(name_or_path)
+    model = load_model(folder, device=device)
+    vocab = Vocabulary.load(folder)
+    try:
+        known = load_known_sentences(folder, vocab, model.config.n_tokens)
+    except ValueError as err:
+        raise CheckpointError(str(err)) from err
+    return Predictor(model, vocab, known)
 
 
 def count_parameters(model: nn.Module) -> int:

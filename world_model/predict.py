@@ -2,10 +2,13 @@
 
     python -m world_model.predict "Tom was hungry." "He went to the kitchen." --steps 3
     python -m world_model.predict --checkpoint DIR --samples 3 --temperature 0.8 --seed 1 "..." "..."
+    python -m world_model.predict --checkpoint offline_pack/predictor --steps 3 \
+        "the elevator waits on floor two with its doors open." "the elevator closes its doors on floor two."
 
 The sentences are the observed states, oldest first; the last T of them form the window (fewer are
 left-padded with empty states). The default checkpoint is the ROCStories predictor shipped with the
-project.
+project. A checkpoint folder with known_sentences.txt predicts one of those sentences per step (the closed-set
+readout of `world_model.decoding`) unless `--readout tokens` is given.
 """
 from __future__ import annotations
 
@@ -18,25 +21,27 @@ import torch
 
 from pipeline.windows import caption_window, decode_states
 from world_model.checkpoint import CheckpointError
-from world_model.models import load_model
-from world_model.vocab import Vocabulary
+from world_model.decoding import READOUTS, readout_candidates
+from world_model.models import load_predictor
 
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "pretrained" / "rocstories-cpu"
 
 
 def predict(sentences: list[str], checkpoint: str | Path = SHIPPED_CHECKPOINT, steps: int = 1, samples: int = 1,
-            temperature: float = 0.0, top_k: int | None = None, seed: int = 0) -> dict:
-    """The predicted next `steps` sentences for each sample, with the window and its unknown words."""
-    model, vocab = load_model(checkpoint), Vocabulary.load(checkpoint)
+            temperature: float = 0.0, top_k: int | None = None, seed: int = 0, readout: str = "auto") -> dict:
+    """The predicted next `steps` sentences for each sample, with the window and its unknown words;
+    `readout` as in `world_model.decoding.readout_candidates`."""
+    model, vocab, known = load_predictor(checkpoint)
+    candidates = readout_candidates(known, readout, checkpoint)
     c = model.config
     window = caption_window(sentences, vocab, c.n_states, c.n_tokens)
     generator = torch.Generator().manual_seed(seed)
     futures = []
     for _ in range(samples if temperature > 0 else 1):
         ids = model.rollout(window.token_ids, steps, end_ids=vocab.end_ids, temperature=temperature,
-                            top_k=top_k, generator=generator)[0]
+                            top_k=top_k, generator=generator, candidates=candidates)[0]
         futures.append(decode_states(ids, vocab))
-    return {"checkpoint": str(checkpoint), "window": window.states, "unknown_words": window.unknown_words,
+    return {"checkpoint": str(checkpoint), "readout": "tokens" if candidates is None else "sentences", "window": window.states, "unknown_words": window.unknown_words,
             "predictions": futures}
 
 
@@ -49,10 +54,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--readout", choices=READOUTS, default="auto",
+                        help="sentences: one of the checkpoint's known sentences per step; tokens: read tokens off "
+                             "freely; auto (default): sentences when the checkpoint lists them")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = parser.parse_args(argv)
     try:
-        result = predict(args.sentences, args.checkpoint, args.steps, args.samples, args.temperature, args.top_k, args.seed)
+        result = predict(args.sentences, args.checkpoint, args.steps, args.samples, args.temperature, args.top_k, args.seed,
+                         args.readout)
     except (CheckpointError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -52,7 +52,7 @@ from world_model.evaluate import evaluation_sums, metrics_from_sums
 from world_model.models import build_model, count_parameters, model_vocab_size
 from world_model.rocstories import DataError, build_vocabulary, corpus_statistics, encode_windows, load_corpus
 from world_model.vocab import Vocabulary
-from world_model.world_sentences import data_kind, load_world_windows
+from world_model.world_sentences import data_kind, known_sentences, load_world_windows
 
 RUN_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"
@@ -220,12 +220,13 @@ def restore_rng(tensors: dict[str, torch.Tensor], meta: dict) -> None:
     random.setstate((version, tuple(internal), gauss_next))
 
 
-def save_training_state(out: Path, model: nn.Module, optimizer, vocab: Vocabulary, state: dict) -> Path:
-    """Write OUT/last atomically: model/ (save_pretrained + vocab), optimizer.safetensors + optimizer.json,
-    rng.safetensors, and state.json (epoch, best, history, RNG non-tensor parts)."""
+def save_training_state(out: Path, model: nn.Module, optimizer, vocab: Vocabulary, state: dict,
+                        known_sentences: Sequence[str] | None = None) -> Path:
+    """Write OUT/last atomically: model/ (save_pretrained + vocab + known sentences), optimizer.safetensors +
+    optimizer.json, rng.safetensors, and state.json (epoch, best, history, RNG non-tensor parts)."""
     tmp = Path(tempfile.mkdtemp(dir=out, prefix=f".{LAST_DIR}.tmp-"))
     try:
-        model.save_pretrained(tmp / "model", vocab=vocab)
+        model.save_pretrained(tmp / "model", vocab=vocab, known_sentences=known_sentences)
         opt_tensors, opt_meta = flatten_optimizer_state(optimizer.state_dict())
         save_file(opt_tensors, tmp / "optimizer.safetensors")
         write_json_atomic(tmp / "optimizer.json", opt_meta)
@@ -395,6 +396,7 @@ def train(
 
     vocab, stats, train_windows, val_windows = load_training_windows(  # DataError before any training
         data_dir, mc.get("n_states", 4), mc.get("n_tokens", 16), train_subset)
+    known = known_sentences(data_dir) if data_kind(data_dir) == "world" else None  # a closed world: its sentences
 
     from accelerate import Accelerator
     from accelerate.utils import set_seed
@@ -521,7 +523,7 @@ def train(
                     reason = "time_budget"
                 if is_main:
                     if best_epoch == epoch:
-                        inner.save_pretrained(out / BEST_DIR, vocab=vocab, **{k: v for k, v in record.items() if k not in TIMING_KEYS})
+                        inner.save_pretrained(out / BEST_DIR, vocab=vocab, known_sentences=known, **{k: v for k, v in record.items() if k not in TIMING_KEYS})
                     save_training_state(out, inner, optimizer, vocab, {
                         "epoch": epoch,
                         "best_epoch": best_epoch,
@@ -529,7 +531,7 @@ def train(
                         "wall_seconds": record["wall_seconds"],
                         "train_windows": len(train_windows),
                         "stop_reason": reason,
-                    })
+                    }, known_sentences=known)
                     write_metrics(out / METRICS_FILE, history)
                     plot_curves(history, best_epoch, out / CURVES_FILE)
                 accelerator.wait_for_everyone()

@@ -16,8 +16,15 @@ Scoring a checkpoint on held-out episodes, observing seconds 0-2 and predicting 
 
     contexts, futures = observed_and_future(read_episodes("DATA_DIR/heldout"), observed=3, steps=5)
     predictions = predict_ahead(model, vocab, contexts, steps=5)     # greedy rollout, any registered model
+    known = load_known_sentences(CHECKPOINT, vocab, model.config.n_tokens)     # the world's sentences, (C, N)
+    predict_ahead(model, vocab, contexts, steps=5, candidates=known)   # closed-set readout
     next_state_accuracy(predictions, futures)                          # exact match per step ahead
     next_state_accuracy(copy_last_predictions(contexts, 5), futures)   # the copy-the-last-state baseline
+
+or, for whole checkpoints beside copy-last and the simulator's ceiling (a Markdown table; `--json FILE` too):
+
+    python -m world_model.world_sentences --checkpoint offline_pack/predictor offline_pack/baseline \
+        --data DATA_DIR/heldout --episodes 300 --observe 3 --steps 5 [--readout auto|sentences|tokens]
 """
 from __future__ import annotations
 
@@ -98,6 +105,13 @@ def split_validation(records: Sequence[dict]) -> tuple[list[dict], list[dict]]:
     return list(records[:-n_val]), list(records[-n_val:])
 
 
+def known_sentences(data_dir: str | os.PathLike) -> list[str]:
+    """The distinct sentences of `data_dir`/train (the vocabulary's pool), in order of first appearance: the
+    closed set a predictor trained on this world can choose its next state from (`world_model.decoding`)."""
+    records = read_episodes(Path(data_dir) / TRAIN_SPLIT)
+    return list(dict.fromkeys(s for record in records for s in episode_sentences(record)))
+
+
 def sentence_windows(episodes: Sequence[Sequence[str]], vocab: Vocabulary, n_states: int, n_tokens: int) -> torch.Tensor:
     """One window per second t >= 1 of every episode, episode by episode and in time order: the `n_states`
     sentences before t (left-padded with empty states when fewer) and sentence t. LongTensor
@@ -160,8 +174,9 @@ def observed_and_future(records: Sequence[dict], observed: int, steps: int) -> t
 
 @torch.no_grad()
 def predict_ahead(model: nn.Module, vocab: Vocabulary, contexts: Sequence[Sequence[str]], steps: int,
-                  batch_size: int = 256) -> list[list[str]]:
-    """Greedy rollout of `steps` sentences after each context, with any registered predictor (its `rollout`).
+                  batch_size: int = 256, candidates: torch.Tensor | None = None) -> list[list[str]]:
+    """Greedy rollout of `steps` sentences after each context, with any registered predictor (its `rollout`);
+    with `candidates` (C, N), the closed-set readout (`world_model.decoding`): every sentence is one of them.
 
     The window is the context's last n_states sentences, left-padded with empty states when it is shorter
     (as `pipeline.windows.caption_window` builds it from captions); words outside `vocab` become the unknown
@@ -182,7 +197,8 @@ def predict_ahead(model: nn.Module, vocab: Vocabulary, contexts: Sequence[Sequen
     predictions = []
     try:
         for start in range(0, len(windows), batch_size):
-            ids = model.rollout(windows[start:start + batch_size].to(device), steps, end_ids=vocab.end_ids)  # (b, steps, N)
+            ids = model.rollout(windows[start:start + batch_size].to(device), steps, end_ids=vocab.end_ids,
+                                candidates=candidates)  # (b, steps, N)
             predictions += [decode_states(rows, vocab) for rows in ids.cpu()]
     finally:
         model.train(was_training)
@@ -214,3 +230,88 @@ def next_state_accuracy(predictions: Sequence[Sequence[str]], truths: Sequence[S
         for k in range(steps):
             hits[k] += same_sentence(predicted[k], true[k])
     return [h / len(truths) for h in hits]
+
+
+def score_checkpoints(checkpoints: Sequence[str | os.PathLike], split_dir: str | os.PathLike, episodes: int,
+                      observed: int, steps: int, readout: str = "auto") -> dict:
+    """Next-state accuracy per step ahead of each predictor checkpoint on the first `episodes` episodes of a
+    held-out split, from the true sentences of the first `observed` seconds, beside copy-the-last-state and
+    the simulator's k-step ceiling (overall and per scene); `readout` as in `readout_candidates`."""
+    from world_model.decoding import readout_candidates
+    from world_model.models import load_predictor
+    from world_model.synthetic_world import k_step_ceilings
+
+    records = read_episodes(split_dir)[:episodes]
+    contexts, futures = observed_and_future(records, observed, steps)
+    scenes = sorted({r["scene"] for r in records})
+
+    def rows(predictions: list[list[str]]) -> dict:
+        by_scene = {s: next_state_accuracy(*zip(*[(p, f) for p, f, r in zip(predictions, futures, records)
+                                                    if r["scene"] == s])) for s in scenes}
+        return {"accuracy": next_state_accuracy(predictions, futures), "per_scene": by_scene}
+
+    ceilings = [k_step_ceilings(r, observed, steps) for r in records]
+    results = {"data": str(split_dir), "episodes": len(records), "observed": observed, "steps": steps,
+               "ceiling": {"accuracy": [sum(c[k] for c in ceilings) / len(records) for k in range(steps)],
+                           "per_scene": {s: [sum(c[k] for c, r in zip(ceilings, records) if r["scene"] == s)
+                                             / sum(r["scene"] == s for r in records) for k in range(steps)]
+                                         for s in scenes}},
+               "predictors": {}}
+    for checkpoint in checkpoints:
+        model, vocab, known = load_predictor(checkpoint)
+        candidates = readout_candidates(known, readout, checkpoint)
+        entry = rows(predict_ahead(model, vocab, contexts, steps, candidates=candidates))
+        entry["readout"] = "tokens" if candidates is None else f"sentences ({len(candidates)} known)"
+        results["predictors"][str(checkpoint)] = entry
+    results["predictors"]["copy the last state"] = {**rows(copy_last_predictions(contexts, steps)), "readout": "-"}
+    return results
+
+
+def markdown_table(results: dict) -> str:
+    """`score_checkpoints` results as two Markdown tables: per step ahead, then per scene one step ahead."""
+    steps = range(1, results["steps"] + 1)
+    lines = ["| | readout | " + " | ".join(f"k={k}" for k in steps) + " |", "|---|---|" + "---:|" * len(steps),
+             "| ceiling | | " + " | ".join(f"{a:.3f}" for a in results["ceiling"]["accuracy"]) + " |"]
+    lines += [f"| {name} | {p['readout']} | " + " | ".join(f"{a:.3f}" for a in p["accuracy"]) + " |"
+              for name, p in results["predictors"].items()]
+    scenes = list(results["ceiling"]["per_scene"])
+    lines += ["", "| k=1 | " + " | ".join(scenes) + " |", "|---|" + "---:|" * len(scenes),
+              "| ceiling | " + " | ".join(f"{results['ceiling']['per_scene'][s][0]:.3f}" for s in scenes) + " |"]
+    lines += [f"| {name} | " + " | ".join(f"{p['per_scene'][s][0]:.3f}" for s in scenes) + " |"
+              for name, p in results["predictors"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+    import json
+    import sys
+
+    from world_model.checkpoint import CheckpointError
+    from world_model.decoding import READOUTS
+
+    parser = argparse.ArgumentParser(
+        prog="python -m world_model.world_sentences",
+        description="Next-state accuracy of predictor checkpoints on held-out synthetic-world episodes, from the "
+                    "true sentences (no video), beside copy-the-last-state and the simulator's ceiling.")
+    parser.add_argument("--checkpoint", nargs="+", required=True, help="predictor folder(s)")
+    parser.add_argument("--data", required=True, help="held-out split folder (with episodes.jsonl)")
+    parser.add_argument("--episodes", type=int, default=300, help="score the first N episodes (default 300)")
+    parser.add_argument("--observe", type=int, default=3, help="observed seconds (default 3)")
+    parser.add_argument("--steps", type=int, default=5, help="predicted seconds (default 5)")
+    parser.add_argument("--readout", choices=READOUTS, default="auto", help="as in pipeline.rollout (default auto)")
+    parser.add_argument("--json", help="also write the results to this JSON file")
+    args = parser.parse_args(argv)
+    try:
+        results = score_checkpoints(args.checkpoint, args.data, args.episodes, args.observe, args.steps, args.readout)
+    except (CheckpointError, DataError, ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(markdown_table(results), end="")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
