@@ -48,6 +48,7 @@ from encoders.captioner import HFCaptioner
 from encoders.word_tokenizer import build_word_tokenizer
 from encoders.world_dataset import STRIP_SIZE, StateSet, read_states
 from world_model.checkpoint import atomic_dir, write_json_atomic
+from world_model.config_io import add_dataclass_flags, dataclass_from_args
 from world_model.vocab import same_sentence
 
 BEST_DIR = "best"
@@ -323,14 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-minutes", type=float, help="stop training after this many minutes (wall clock)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    for field in dataclasses.fields(TrainConfig):
-        flag = "--" + field.name.replace("_", "-")
-        if field.type == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
-        else:
-            parser.add_argument(flag, type={"int": int, "float": float}[field.type], default=field.default)
+    add_dataclass_flags(parser, TrainConfig)  # one flag per setting, e.g. --batch-size
     args = parser.parse_args(argv)
-    config = TrainConfig(**{field.name: getattr(args, field.name) for field in dataclasses.fields(TrainConfig)})
+    config = dataclass_from_args(TrainConfig, args)
     torch.set_num_threads(args.threads)
     try:
         train(args.data, args.out, config, max_minutes=args.max_minutes, progress=not args.no_progress)

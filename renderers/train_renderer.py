@@ -25,7 +25,7 @@ import math
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 from encoders.world_dataset import read_states
 from renderers.pixel_pipeline import PixelPipelineConfig, PixelTextToImagePipeline, build_pixel_pipeline
 from world_model.checkpoint import atomic_dir, write_json_atomic
+from world_model.config_io import add_dataclass_flags, dataclass_from_args
 
 PIPELINE_DIR = "pipeline"
 LOG_NAME = "train_log.json"
@@ -264,25 +265,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data", type=Path, required=True, help="folder with train/ and heldout/ episodes")
     parser.add_argument("--out", type=Path, required=True, help="run folder: pipeline/, samples/, train_log.json")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N training episodes")
-    kinds = {"int": int, "float": float, "int | None": int, "str": str}
-    for f in [*fields(TrainConfig), *fields(PixelPipelineConfig)]:  # one flag per setting, e.g. --batch-size
-        name = "--" + f.name.replace("_", "-")
-        if f.type == "bool":
-            parser.add_argument(name, action=argparse.BooleanOptionalAction, default=f.default)
-        elif f.name == "block_out_channels":
-            parser.add_argument(name, type=int, nargs="+", default=list(f.default))
-        elif f.name != "sample_size":
-            parser.add_argument(name, type=kinds[f.type], default=f.default)
+    add_dataclass_flags(parser, TrainConfig)  # one flag per setting, e.g. --batch-size
+    add_dataclass_flags(parser, PixelPipelineConfig, skip=("sample_size",))
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    values = vars(args)
-    config = TrainConfig(**{f.name: values[f.name] for f in fields(TrainConfig)})
-    model_config = PixelPipelineConfig(**{f.name: values[f.name] for f in fields(PixelPipelineConfig)
-                                          if f.name != "sample_size"})
-    model_config.block_out_channels = tuple(model_config.block_out_channels)
+    config = dataclass_from_args(TrainConfig, args)
+    model_config = dataclass_from_args(PixelPipelineConfig, args, skip=("sample_size",))
     if model_config.prediction_type not in ("sample", "v_prediction"):
         raise SystemExit(f"--prediction-type must be 'sample' or 'v_prediction', got {model_config.prediction_type!r}")
     train(args.data, args.out, config, model_config, limit=args.limit)
