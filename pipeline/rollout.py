@@ -2,6 +2,7 @@
 
     python -m pipeline.rollout video.mp4 --steps 5 [--preset auto|hub|offline] [--out DIR]
                                 [--interval S | --frames K] [--device D] [--samples K --temperature X --seed S]
+                                [--readout auto|sentences|tokens]
 
 `run_rollout(...)` is the Python API that the command and the demo both call. A run folder holds the
 observed and rendered frames, `rollout.json`, `storyboard.png`, `rollout.mp4` and `rollout.gif`. It is
