@@ -2,7 +2,7 @@
 
 Where every state of a world is one of a known set of sentences (the synthetic world has 132), a predictor
 can score each known sentence as the next state and pick one, instead of reading tokens off freely. For the
-4-tensor model this matters: its readout gives each token slot its own distribution (section 2.4), so where
+4-tensor model this matters: its readout gives each token slot x its own distribution p_xv (section 3.7), so where
 the next state is a random draw between sentences of different shapes the per-slot winners can come from
 different sentences and form none. Scoring whole sentences picks the most likely of them.
 
