@@ -48,7 +48,7 @@ class PixelPipelineConfig:
     strip_frames: int = 0  # frames side by side in an image, read as coordinate channels (0: none)
     block_out_channels: tuple[int, ...] = (32, 64, 128)  # one UNet level each; every level after the first halves H, W
     layers_per_block: int = 1
-    attention_levels: int = 1  # the last (coarsest) levels with cross-attention to the text, besides the middle block
+    attention_levels: int = 2  # the last (coarsest) levels with cross-attention to the text, besides the middle block
     self_attention_levels: int = 1  # of those, the last ones whose attention blocks also attend over the image
     head_channels: int = 32
     scale_shift: bool = False  # the time + sentence embedding scales and shifts ResNet features (else shifts them)

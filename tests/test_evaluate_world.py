@@ -158,3 +158,26 @@ def test_missing_pieces_and_bad_settings_are_refused_before_any_work(world, tmp_
                     str(tmp_path / "out")]) == 2
     assert "model pack" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_renderer_round_trip_command_scores_every_render(world, tmp_path, capsys):
+    from pipeline import round_trip as rt
+
+    pack, split = world
+    sentences = list(dict.fromkeys(s["text"] for line in (split / "episodes.jsonl").read_text().splitlines()
+                                   for s in json.loads(line)["sentences"]))
+    (tmp_path / "sentences.txt").write_text("\n".join(sentences) + "\n")
+    argv = ["--renderer", str(pack / "renderer"), "--captioner", str(pack / "captioner"), "--sentences",
+            str(tmp_path / "sentences.txt"), "--seeds", "0", "1", "--json", str(tmp_path / "rt.json")]
+    with one_torch_thread():
+        assert rt.main(argv) == 0
+    result = json.loads((tmp_path / "rt.json").read_text())
+    captions = result["captions"]
+    assert set(captions) == {"0", "1"} and all(set(c) == set(sentences) for c in captions.values())
+    hits = [tokenize(c[s]) == tokenize(s) for c in captions.values() for s in sentences]
+    assert result["overall"]["strips"] == 2 * len(sentences)
+    assert result["overall"]["overall"] == pytest.approx(np.mean(hits), abs=1e-4)
+    assert set(result["overall"]["per_scene"]) == {rt.scene_of(s) for s in sentences} <= set(sw.SCENE_TYPES)
+    assert f"over {2 * len(sentences)} renders" in capsys.readouterr().out
+    assert rt.scene_of("a person walks into the elevator on floor two.") == "elevator"
+    assert rt.main(argv[:4] + ["--sentences", str(tmp_path / "missing.txt")]) == 2
