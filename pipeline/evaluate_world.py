@@ -51,12 +51,13 @@ from pipeline.presets import PresetError, load_preset, resolve_model_path
 from pipeline.rollout import RolloutError, pick_device, prepare_run_dir
 from renderers.text_to_image import DiffusersRenderer
 from world_model.checkpoint import CheckpointError, replace_dir
+from world_model.decoding import readout_name
 from world_model.models import load_predictor
 from world_model.rocstories import DataError
 from world_model.synthetic_world import SCENE_TYPES, k_step_ceilings
 from world_model.vocab import same_sentence
-from world_model.world_sentences import (copy_last_predictions, episode_sentences, next_state_accuracy, predict_ahead,
-                                         read_episodes)
+from world_model.world_sentences import (copy_last_predictions, episode_sentences, predict_ahead, read_episodes, rounded,
+                                         score_predictions)
 
 BASELINE_FOLDER = "baseline"
 INDEX_FILES = {"captioner": "config.json", "renderer": "model_index.json", "predictor": "config.json",
@@ -150,29 +151,12 @@ def render_all(renderer: DiffusersRenderer, sentences: Sequence[str], seed: int,
     return {s: renderer([s], seed=seed)[0] for s in tqdm(distinct, desc=desc, unit="image", disable=not progress)}
 
 
-def rounded(values: dict[str, list[float]]) -> dict[str, list[float]]:
-    return {kind: [round(v, 4) for v in vs] for kind, vs in sorted(values.items())}
-
-
 def accuracy_by_scene(texts: Sequence[str], truths: Sequence[str], kinds: Sequence[str]) -> dict:
     """Exact-match accuracy of ``texts`` against ``truths`` overall and per scene type (``kinds``, one per text)."""
     by_scene = {k: exact_fraction([t for t, x in zip(texts, kinds) if x == k], [g for g, x in zip(truths, kinds) if x == k])
                 for k in sorted(set(kinds))}
     return {"strips": len(texts), "overall": round(exact_fraction(texts, truths), 4),
             "per_scene": {k: round(v, 4) for k, v in by_scene.items()}}
-
-
-def score_predictions(predictions: list[list[str]], futures: list[list[str]], kinds: list[str],
-                      ceilings: list[float]) -> dict:
-    """Next-state accuracy per step ahead, overall and per scene, and as a fraction of the ceiling."""
-    accuracy = next_state_accuracy(predictions, futures)
-    by_scene = {}
-    for kind in sorted(set(kinds)):
-        rows = [i for i, k in enumerate(kinds) if k == kind]
-        by_scene[kind] = next_state_accuracy([predictions[i] for i in rows], [futures[i] for i in rows])
-    return {"accuracy": [round(a, 4) for a in accuracy],
-            "fraction_of_ceiling": [round(a / c, 4) for a, c in zip(accuracy, ceilings)],
-            "per_scene": rounded(by_scene)}
 
 
 def round_trip(recaptions: dict[str, str], sentences: Sequence[str], kinds: Sequence[str]) -> dict:
@@ -259,7 +243,7 @@ def run_loop(parts: Pack, records: list[dict], scenes: list[str], observe: int, 
     readouts = {}
     for name, label in (("four_tensor", "predictor"), ("baseline", "baseline")):
         model, vocab, known = models[label]
-        readouts[name] = "tokens" if known is None else f"sentences ({len(known)} known)"
+        readouts[name] = readout_name(known)
         with timed(timings, f"predict_{name}"):
             predictions[name] = {c: predict_ahead(model, vocab, contexts[c], steps, candidates=known) for c in CONTEXTS}
         if known is not None:  # the model's own readout beside it

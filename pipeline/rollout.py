@@ -31,7 +31,7 @@ from encoders.frames import VideoError, sample_frames
 from pipeline.presets import PresetError, available_presets, choose_preset, resolve_model_path
 from pipeline.windows import caption_window, decode_states
 from world_model.checkpoint import CheckpointError, replace_dir
-from world_model.decoding import READOUTS, readout_candidates
+from world_model.decoding import READOUTS, readout_candidates, readout_name
 from world_model.models import Predictor
 from world_model.models import load_predictor as load_predictor_folder
 
@@ -222,7 +222,7 @@ def run_rollout(
             "sampling": {"interval_s": interval, "num_frames": num_frames, "max_frames": max_frames,
                          "frames_per_state": frames_per_state,
                          "steps": steps, "temperature": temperature, "top_k": top_k, "seed": seed,
-                         "readout": "tokens" if candidates is None else f"sentences ({len(candidates)} known)",
+                         "readout": readout_name(candidates),
                          "samples": len(predictions), "init_from_last_frame": init_from_last_frame},
             "observed": [{"timestamp_s": round(f.timestamp, 3), "frame_index": f.index, "caption": text,
                           "image": f"observed/{i:03d}.png"} for i, (f, text) in enumerate(zip(clip, captions))],

@@ -99,6 +99,11 @@ def load_known_sentences(folder: str | os.PathLike, vocab: Vocabulary, n_tokens:
     return torch.tensor(rows, dtype=torch.long).unique(dim=0)
 
 
+def readout_name(candidates: torch.Tensor | None) -> str:
+    """How a rollout with these candidates reads its sentences off, for records and tables."""
+    return "tokens" if candidates is None else f"sentences ({len(candidates)} known)"
+
+
 def readout_candidates(known: torch.Tensor | None, readout: str, folder: str | os.PathLike) -> torch.Tensor | None:
     """The candidate set to decode with, given a predictor folder's known sentences (or None): `auto` uses them
     when there are some, `sentences` requires them, `tokens` reads tokens off freely (the model's own readout)."""

@@ -232,38 +232,50 @@ def next_state_accuracy(predictions: Sequence[Sequence[str]], truths: Sequence[S
     return [h / len(truths) for h in hits]
 
 
+def rounded(values: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Lists of rates per key (scene), sorted by key, each rate to 4 decimals."""
+    return {kind: [round(v, 4) for v in vs] for kind, vs in sorted(values.items())}
+
+
+def score_predictions(predictions: list[list[str]], futures: list[list[str]], kinds: list[str],
+                      ceilings: list[float]) -> dict:
+    """Next-state accuracy per step ahead, overall and per scene, and as a fraction of the ceiling."""
+    accuracy = next_state_accuracy(predictions, futures)
+    by_scene = {}
+    for kind in sorted(set(kinds)):
+        rows = [i for i, k in enumerate(kinds) if k == kind]
+        by_scene[kind] = next_state_accuracy([predictions[i] for i in rows], [futures[i] for i in rows])
+    return {"accuracy": [round(a, 4) for a in accuracy],
+            "fraction_of_ceiling": [round(a / c, 4) for a, c in zip(accuracy, ceilings)],
+            "per_scene": rounded(by_scene)}
+
+
 def score_checkpoints(checkpoints: Sequence[str | os.PathLike], split_dir: str | os.PathLike, episodes: int,
                       observed: int, steps: int, readout: str = "auto") -> dict:
     """Next-state accuracy per step ahead of each predictor checkpoint on the first `episodes` episodes of a
     held-out split, from the true sentences of the first `observed` seconds, beside copy-the-last-state and
     the simulator's k-step ceiling (overall and per scene); `readout` as in `readout_candidates`."""
-    from world_model.decoding import readout_candidates
+    from world_model.decoding import readout_candidates, readout_name
     from world_model.models import load_predictor
     from world_model.synthetic_world import k_step_ceilings
 
     records = read_episodes(split_dir)[:episodes]
     contexts, futures = observed_and_future(records, observed, steps)
-    scenes = sorted({r["scene"] for r in records})
-
-    def rows(predictions: list[list[str]]) -> dict:
-        by_scene = {s: next_state_accuracy(*zip(*[(p, f) for p, f, r in zip(predictions, futures, records)
-                                                    if r["scene"] == s])) for s in scenes}
-        return {"accuracy": next_state_accuracy(predictions, futures), "per_scene": by_scene}
-
-    ceilings = [k_step_ceilings(r, observed, steps) for r in records]
+    kinds = [r["scene"] for r in records]
+    ceilings = [k_step_ceilings(r, observed, steps) for r in records]  # (episodes, steps)
+    ceiling = [sum(c[k] for c in ceilings) / len(records) for k in range(steps)]
+    by_scene = {s: [sum(c[k] for c, x in zip(ceilings, kinds) if x == s) / kinds.count(s) for k in range(steps)]
+                for s in set(kinds)}
     results = {"data": str(split_dir), "episodes": len(records), "observed": observed, "steps": steps,
-               "ceiling": {"accuracy": [sum(c[k] for c in ceilings) / len(records) for k in range(steps)],
-                           "per_scene": {s: [sum(c[k] for c, r in zip(ceilings, records) if r["scene"] == s)
-                                             / sum(r["scene"] == s for r in records) for k in range(steps)]
-                                         for s in scenes}},
-               "predictors": {}}
+               "ceiling": {"accuracy": ceiling, "per_scene": rounded(by_scene)}, "predictors": {}}
     for checkpoint in checkpoints:
         model, vocab, known = load_predictor(checkpoint)
         candidates = readout_candidates(known, readout, checkpoint)
-        entry = rows(predict_ahead(model, vocab, contexts, steps, candidates=candidates))
-        entry["readout"] = "tokens" if candidates is None else f"sentences ({len(candidates)} known)"
-        results["predictors"][str(checkpoint)] = entry
-    results["predictors"]["copy the last state"] = {**rows(copy_last_predictions(contexts, steps)), "readout": "-"}
+        entry = score_predictions(predict_ahead(model, vocab, contexts, steps, candidates=candidates), futures, kinds,
+                                  ceiling)
+        results["predictors"][str(checkpoint)] = {**entry, "readout": readout_name(candidates)}
+    copy_last = score_predictions(copy_last_predictions(contexts, steps), futures, kinds, ceiling)
+    results["predictors"]["copy the last state"] = {**copy_last, "readout": "-"}
     return results
 
 
