@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import sys
 import time
 from collections import Counter
@@ -49,6 +48,7 @@ from encoders.word_tokenizer import build_word_tokenizer
 from encoders.world_dataset import STRIP_SIZE, StateSet, read_states
 from world_model.checkpoint import atomic_dir, write_json_atomic
 from world_model.config_io import add_dataclass_flags, dataclass_from_args
+from world_model.lr_schedule import warmup_cosine
 from world_model.vocab import same_sentence
 
 BEST_DIR = "best"
@@ -207,14 +207,6 @@ def split_validation(states: StateSet, val_episodes: int) -> tuple[np.ndarray, n
     return np.flatnonzero(~is_val), np.flatnonzero(is_val)
 
 
-def learning_rate(config: TrainConfig, step: int, progress: float) -> float:
-    """Linear warm-up over ``warmup_steps``, then cosine decay to a tenth of ``lr`` as ``progress``
-    (the fraction of the step or time budget used, whichever is larger) goes from 0 to 1."""
-    if step < config.warmup_steps:
-        return config.lr * (step + 1) / config.warmup_steps
-    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
-
-
 def heldout_report(folder: Path, states: StateSet, batch_size: int = 64, top: int = 15) -> dict:
     """Caption ``states`` with the saved model through ``HFCaptioner`` (what the pipeline runs) and score
     exact matches overall and per scene type; lists the ``top`` most common (sentence, caption) confusions."""
@@ -257,7 +249,7 @@ def train(data: Path, out: Path, config: TrainConfig, max_minutes: float | None 
             minutes = (time.monotonic() - t_start) / 60
             fraction = max(step / config.max_steps, minutes / max_minutes if max_minutes else 0.0)
             for group in optimizer.param_groups:
-                group["lr"] = learning_rate(config, step, fraction)
+                group["lr"] = warmup_cosine(config.lr, step, fraction, config.warmup_steps)
             batch = torch.from_numpy(train_idx)[torch.randint(len(train_idx), (config.batch_size,), generator=generator)]
             unit = to_unit(images[batch])
             loss = train_step(model, optimizer, to_pixels(augment(unit, generator) if config.augment else unit), labels[batch])

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import math
 import signal
 import sys
 import time
@@ -31,15 +30,17 @@ from typing import Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from diffusers.training_utils import EMAModel
 from PIL import Image, ImageDraw
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
-from encoders.world_dataset import read_states
+from encoders.world_dataset import STATE_FRAMES, read_states
 from renderers.pixel_pipeline import PixelPipelineConfig, PixelTextToImagePipeline, build_pixel_pipeline
 from world_model.checkpoint import atomic_dir, write_json_atomic
 from world_model.config_io import add_dataclass_flags, dataclass_from_args
+from world_model.lr_schedule import warmup_cosine
 
 PIPELINE_DIR = "pipeline"
 LOG_NAME = "train_log.json"
@@ -55,6 +56,7 @@ class TrainConfig:
     final_lr_fraction: float = 0.1
     text_dropout: float = 0.1
     snr_cap: float = 5.0
+    motion_weight: float = 0.0  # extra loss weight on pixels that change between a strip's frames (0: none)
     ema_max_decay: float = 0.999
     max_minutes: float = 55.0
     max_steps: int | None = None
@@ -71,11 +73,26 @@ def to_model_range(images: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(images).permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
 
 
+def motion_mask(images: torch.Tensor, frames: int = STATE_FRAMES, threshold: float = 0.1) -> torch.Tensor:
+    """(B, 3, H, W) strips of ``frames`` frames side by side -> (B, 1, H, W) float mask, 1 where any channel of
+    the pixel differs by more than ``threshold`` between two of the frames (the same pixel lit in every frame),
+    grown by one pixel: where a moving object is, was or will be within the second."""
+    b, c, h, w = images.shape
+    if w % frames:
+        raise ValueError(f"strip width {w} is not a multiple of {frames} frames")
+    per_frame = images.view(b, c, h, frames, w // frames)  # (B, 3, H, frames, w)
+    spread = (per_frame.amax(dim=3) - per_frame.amin(dim=3)).amax(dim=1, keepdim=True)  # (B, 1, H, w)
+    moving = F.max_pool2d((spread > threshold).float(), kernel_size=3, stride=1, padding=1)
+    return moving.repeat(1, 1, 1, frames)
+
+
 def diffusion_loss(pipe: PixelTextToImagePipeline, images: torch.Tensor, prompts: list[str],
-                   generator: torch.Generator, snr_cap: float = 5.0) -> torch.Tensor:
+                   generator: torch.Generator, snr_cap: float = 5.0, motion_weight: float = 0.0) -> torch.Tensor:
     """Weighted squared error of the clean image the model predicts from ``images`` (B, 3, H, W) in [-1, 1]
     noised at uniformly drawn timesteps: x_t = a x + s e with a^2 = alphas_cumprod[t], s^2 = 1 - a^2,
-    weight min(a^2 / s^2, snr_cap) + 1. Uncapped, that is the squared error of the velocity v = a e - s x."""
+    weight min(a^2 / s^2, snr_cap) + 1. Uncapped, that is the squared error of the velocity v = a e - s x.
+    ``motion_weight`` > 0 multiplies the error of the pixels of ``motion_mask`` by 1 + motion_weight (what
+    tells one second's motion from its reverse is a small part of the strip)."""
     alphas_cumprod = pipe.scheduler.alphas_cumprod
     t = torch.randint(0, len(alphas_cumprod), (len(images),), generator=generator)
     noise = torch.randn(images.shape, generator=generator)
@@ -91,15 +108,9 @@ def diffusion_loss(pipe: PixelTextToImagePipeline, images: torch.Tensor, prompts
     else:
         raise ValueError(f"training supports prediction_type 'sample' or 'v_prediction', not {prediction_type!r}")
     weight = (a / s).pow(2).clamp(max=snr_cap) + 1
+    if motion_weight:
+        weight = weight * (1 + motion_weight * motion_mask(images))
     return (weight * (clean - images).pow(2)).mean()
-
-
-def learning_rate(config: TrainConfig, step: int, progress: float) -> float:
-    """Linear warm-up over ``warmup_steps``, then cosine decay to ``final_lr_fraction`` as ``progress``
-    (the spent fraction of the time or step budget) goes from 0 to 1."""
-    warmup = min(1.0, (step + 1) / config.warmup_steps)
-    cosine = 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-    return config.lr * warmup * (config.final_lr_fraction + (1 - config.final_lr_fraction) * cosine)
 
 
 def sample_grid(pipe: PixelTextToImagePipeline, real: np.ndarray, sentences: list[str], path: Path,
@@ -225,11 +236,13 @@ def train(data: Path, out: Path, config: TrainConfig, model_config: PixelPipelin
             if progress >= 1:
                 break
             for group in optimizer.param_groups:
-                group["lr"] = learning_rate(config, step, progress)
+                group["lr"] = warmup_cosine(config.lr, step, progress, config.warmup_steps,
+                                             config.final_lr_fraction)
             rows = rng.integers(0, len(states), config.batch_size)
             prompts = ["" if rng.random() < config.text_dropout else s for s in sentences[rows]]
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16), sdpa_kernel(attention_kernels):
-                loss = diffusion_loss(pipe, to_model_range(states.images[rows]), prompts, generator, config.snr_cap)
+                loss = diffusion_loss(pipe, to_model_range(states.images[rows]), prompts, generator, config.snr_cap,
+                                      config.motion_weight)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(parameters, 1.0)

@@ -7,7 +7,7 @@ from safetensors import safe_open
 
 from renderers.pixel_pipeline import PixelPipelineConfig, PixelTextToImagePipeline, build_pixel_pipeline
 from renderers.text_to_image import DiffusersRenderer
-from renderers.train_renderer import diffusion_loss, main, save_pipeline, to_model_range
+from renderers.train_renderer import diffusion_loss, main, motion_mask, save_pipeline, to_model_range
 from tests.model_factories import one_torch_thread
 from world_model.synthetic_world import generate
 
@@ -121,12 +121,46 @@ def test_loss_falls_when_fitting_one_batch():
     assert pipe.text_encoder.get_input_embeddings().weight.grad.abs().sum() > 0  # trained jointly
 
 
+def test_motion_mask_marks_where_an_object_moves_in_every_frame_of_the_strip():
+    strips = np.full((2, 12, 36, 3), 235, np.uint8)  # 3 frames of 12 x 12
+    strips[:, 9:11, 30:36] = 60  # a floor drawn in the last frame only: changes between frames
+    for frame, column in enumerate((2, 5, 8)):  # strip 0: a dot moving right
+        strips[0, 4, 12 * frame + column] = (220, 40, 40)
+    strips[1, 4, [2, 14, 26]] = (220, 40, 40)  # strip 1: a dot at rest
+    mask = motion_mask(to_model_range(strips))
+    assert mask.shape == (2, 1, 12, 36)
+    frames = mask.view(2, 12, 3, 12)
+    assert torch.equal(frames[:, :, 0], frames[:, :, 2])  # the same mask in every frame
+    moving = frames[0, :, 0]
+    assert moving[3:6, [1, 2, 3, 4, 5, 6, 7, 8, 9]].all()  # the dot's three places, grown by a pixel
+    assert moving[:2].sum() == 0 and moving[4, 11] == 0
+    assert frames[1, 4, 0, 2] == 0 and frames[1, :8].sum() == 0  # a dot at rest is not motion
+    assert frames[1, 9:11, 0, 6:].all()
+    with pytest.raises(ValueError, match="multiple of 3"):
+        motion_mask(torch.zeros(1, 3, 12, 35))
+
+
+def test_motion_weight_raises_the_loss_only_where_the_strip_moves():
+    pipe = build_pixel_pipeline(SENTENCES, TINY)
+    still = np.full((2, 48, 144, 3), 235, np.uint8)
+    moving = still.copy()
+    moving[:, 20:28, 4:12], moving[:, 20:28, 60:68] = (220, 40, 40), (220, 40, 40)
+
+    def loss(strips, weight):
+        with torch.no_grad():
+            return diffusion_loss(pipe, to_model_range(strips), SENTENCES, torch.Generator().manual_seed(0),
+                                  motion_weight=weight).item()
+
+    assert loss(still, 4.0) == pytest.approx(loss(still, 0.0))
+    assert loss(moving, 4.0) > 1.05 * loss(moving, 0.0)
+
+
 def test_training_command_saves_a_loadable_pipeline(tmp_path):
     generate(2, seed=0, out_dir=tmp_path / "world", size=48, seconds=2)
     generate(1, seed=0, out_dir=tmp_path / "world", split="heldout", size=48, seconds=2)
     out = tmp_path / "run"
     main(["--data", str(tmp_path / "world"), "--out", str(out), "--max-steps", "6", "--batch-size", "2",
-          "--warmup-steps", "2", "--log-every", "2", *TINY_FLAGS])
+          "--warmup-steps", "2", "--log-every", "2", "--motion-weight", "2", *TINY_FLAGS])
     log = json.loads((out / "train_log.json").read_text())
     assert log["steps"] == 6 and log["strips"] > 0 and len(log["loss"]) == 3
     assert all(np.isfinite(entry["loss"]) for entry in log["loss"])
