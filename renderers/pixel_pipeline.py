@@ -6,7 +6,8 @@ gets the pooled sentence embedding (B, D) added to its time embedding. The text 
 ``CLIPTextModel`` over the word-level tokenizer of ``encoders.word_tokenizer``. The UNet predicts the
 clean image (``prediction_type="sample"``: a small network learns the few-dimensional clean strips
 much faster than the full-dimensional noise or velocity) on a cosine noise schedule; the pipeline
-samples with DPM-Solver++ from pure noise ("trailing" timesteps) and classifier-free guidance, the
+samples with stochastic DPM-Solver++ from pure noise ("trailing" timesteps; the scheduler's noise comes
+from the call's generator, so a seed gives one image) and classifier-free guidance, the
 empty prompt being the unconditional input (training drops the text with some probability).
 
 Options, saved with the pipeline: ``patch_size`` p > 1 runs the UNet on p x p pixel patches stacked as
@@ -60,6 +61,7 @@ class PixelPipelineConfig:
     prediction_type: str = "sample"  # what the UNet outputs: "sample" (the clean image) or "v_prediction"
     num_inference_steps: int = 15
     guidance_scale: float = 1.5  # chosen by pipeline.round_trip over 1-5 for the shipped renderer
+    solver: str = "sde-dpmsolver++"  # one of SOLVERS; the stochastic one, chosen by pipeline.round_trip
 
 
 class PixelTextToImagePipeline(DiffusionPipeline):
@@ -229,14 +231,29 @@ class PixelTextToImagePipeline(DiffusionPipeline):
         return ImagePipelineOutput(images=images) if return_dict else (images,)
 
 
-def make_scheduler(num_train_timesteps: int = 1000, prediction_type: str = "sample") -> DPMSolverMultistepScheduler:
-    """DPM-Solver++ (2M) on the cosine schedule, sampling from pure noise ("trailing" timesteps) and
-    clipping the predicted clean image to [-1, 1] (dynamic thresholding)."""
+SOLVERS = ("sde-dpmsolver++", "dpmsolver++")  # DPM-Solver++ (2M) with fresh noise at each step, or the ODE one
+
+
+def check_solver(solver: str) -> str:
+    if solver not in SOLVERS:
+        raise ValueError(f"solver must be one of {', '.join(SOLVERS)}, got {solver!r}")
+    return solver
+
+
+def make_scheduler(num_train_timesteps: int = 1000, prediction_type: str = "sample",
+                   solver: str = "sde-dpmsolver++") -> DPMSolverMultistepScheduler:
+    """DPM-Solver++ (2M, ``solver`` one of ``SOLVERS``) on the cosine schedule, sampling from pure noise
+    ("trailing" timesteps) and clipping the predicted clean image to [-1, 1] (dynamic thresholding)."""
     return DPMSolverMultistepScheduler(
         num_train_timesteps=num_train_timesteps, beta_schedule="squaredcos_cap_v2", prediction_type=prediction_type,
         timestep_spacing="trailing", thresholding=True, dynamic_thresholding_ratio=0.995, sample_max_value=1.0,
-        final_sigmas_type="zero",
+        final_sigmas_type="zero", algorithm_type=check_solver(solver),
     )
+
+
+def set_solver(pipe: PixelTextToImagePipeline, solver: str) -> None:
+    """Switch ``pipe``'s DPM-Solver++ scheduler to ``solver`` (one of ``SOLVERS``), keeping its other settings."""
+    pipe.scheduler = DPMSolverMultistepScheduler.from_config(pipe.scheduler.config, algorithm_type=check_solver(solver))
 
 
 def build_pixel_pipeline(sentences: Iterable[str], config: PixelPipelineConfig | None = None,
@@ -274,7 +291,7 @@ def build_pixel_pipeline(sentences: Iterable[str], config: PixelPipelineConfig |
         class_embed_type="projection", projection_class_embeddings_input_dim=config.text_dim,
     )
     return PixelTextToImagePipeline(
-        unet=unet, scheduler=make_scheduler(config.num_train_timesteps, config.prediction_type),
+        unet=unet, scheduler=make_scheduler(config.num_train_timesteps, config.prediction_type, config.solver),
         text_encoder=text_encoder, tokenizer=tokenizer, default_num_inference_steps=config.num_inference_steps,
         default_guidance_scale=config.guidance_scale, patch_size=p, strip_frames=config.strip_frames,
     )

@@ -1,10 +1,12 @@
 """Train the offline pack's renderer (``renderers.pixel_pipeline``) on the synthetic world's state strips.
 
-    python -m renderers.train_renderer --data DATA --out RUN [--max-minutes 55] [--threads 1] [--seed 0]
+    python -m renderers.train_renderer --data DATA --out RUN [--max-minutes 55] [--threads 2] [--seed 0]
 
 The UNet and the text encoder learn together to denoise the state strips of ``DATA/train`` (3 frames of
 one second side by side, 48 x 144) given their sentences. The loss is the squared error of the predicted
-clean strip weighted by min(SNR, ``--snr-cap``) + 1 (the velocity loss, capped at low noise); the
+clean strip weighted by min(SNR, ``--snr-cap``) + 1 (the velocity loss, capped at low noise), and by
+1 + ``--motion-weight`` on the pixels that change within the second (what tells a door opening from
+one closing, or a ball falling from one bouncing, is a small part of the strip); the
 sentence is replaced by the empty prompt with probability ``--text-dropout`` (so sampling can use
 classifier-free guidance); AdamW warms up, then decays on a cosine over the time (or step) budget; an
 exponential moving average of the weights is what gets sampled and saved. Convolutions run in
@@ -56,7 +58,7 @@ class TrainConfig:
     final_lr_fraction: float = 0.1
     text_dropout: float = 0.1
     snr_cap: float = 5.0
-    motion_weight: float = 0.0  # extra loss weight on pixels that change between a strip's frames (0: none)
+    motion_weight: float = 4.0  # extra loss weight on pixels that change between a strip's frames (0: none)
     ema_max_decay: float = 0.999
     max_minutes: float = 55.0
     max_steps: int | None = None

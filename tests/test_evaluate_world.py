@@ -179,5 +179,9 @@ def test_renderer_round_trip_command_scores_every_render(world, tmp_path, capsys
     assert result["overall"]["overall"] == pytest.approx(np.mean(hits), abs=1e-4)
     assert set(result["overall"]["per_scene"]) == {rt.scene_of(s) for s in sentences} <= set(sw.SCENE_TYPES)
     assert f"over {2 * len(sentences)} renders" in capsys.readouterr().out
+    assert result["solver"] == "sde-dpmsolver++"  # the pipeline's own
+    with one_torch_thread():
+        assert rt.main(argv[:-1] + [str(tmp_path / "ode.json"), "--seeds", "0", "--solver", "dpmsolver++"]) == 0
+    assert json.loads((tmp_path / "ode.json").read_text())["solver"] == "dpmsolver++"
     assert rt.scene_of("a person walks into the elevator on floor two.") == "elevator"
     assert rt.main(argv[:4] + ["--sentences", str(tmp_path / "missing.txt")]) == 2

@@ -83,6 +83,23 @@ def test_sizes_guidance_and_output_types(pipe):
         pipe(SENTENCES[0], output_type="latent")
 
 
+def test_the_stochastic_solver_draws_its_noise_from_the_callers_generator(pipe):
+    from renderers.pixel_pipeline import set_solver
+
+    assert pipe.scheduler.config.algorithm_type == "sde-dpmsolver++"
+    render = lambda seed: pipe(SENTENCES[0], generator=torch.Generator().manual_seed(seed)).images  # noqa: E731
+    first = render(0)
+    assert np.array_equal(first, render(0)) and not np.array_equal(first, render(1))
+    set_solver(pipe, "dpmsolver++")
+    try:
+        assert pipe.scheduler.config.algorithm_type == "dpmsolver++" and pipe.scheduler.config.thresholding
+        assert not np.array_equal(first, render(0))
+    finally:
+        set_solver(pipe, "sde-dpmsolver++")
+    with pytest.raises(ValueError, match=r"solver must be one of sde-dpmsolver\+\+, dpmsolver\+\+, got .euler."):
+        set_solver(pipe, "euler")
+
+
 def test_tokenize_wraps_words_in_bos_eos_and_pads(pipe):
     tokens = pipe.tokenize(["The ball falls.", "", "the zebra falls."])
     tok = pipe.tokenizer
