@@ -20,6 +20,8 @@ from matplotlib.figure import Figure
 
 CAPTION_WIDTH = 30  # characters per caption line in storyboards
 CAPTION_LINES = 6
+CAPTION_INCHES = 1.2  # storyboard height below each row of frames, for up to CAPTION_LINES lines
+TITLE_INCHES = 0.4
 
 
 def write_video(frames: list[np.ndarray], path: str | Path, fps: float = 2) -> Path:
@@ -55,11 +57,14 @@ def write_storyboard(
 ) -> Path:
     """Write a PNG with the observed frames in the top row and the predicted ones in the bottom
     row, each (H, W, 3) uint8 RGB image above its caption (wrapped).  Timestamps or step labels
-    go in the caption strings.  The PNG is 300 px wide per column and 720 px high."""
+    go in the caption strings.  The PNG is 300 px wide per column; a row is as high as its tallest frame
+    at that width plus its captions (wide state strips make a short board, square frames a taller one)."""
     columns = max(len(observed), len(predicted))
     if columns == 0:
         raise ValueError("nothing to draw: no observed and no predicted frames")
-    figure = Figure(figsize=(3 * columns, 7.2), dpi=100, layout="constrained")
+    aspect = max(image.shape[0] / image.shape[1] for image, _ in [*observed, *predicted])  # height / width
+    height = 2 * (3 * aspect + CAPTION_INCHES) + (TITLE_INCHES if title else 0)
+    figure = Figure(figsize=(3 * columns, height), dpi=100, layout="constrained")
     axes = figure.subplots(2, columns, squeeze=False)
     for row, (label, cells) in enumerate((("observed", observed), ("predicted", predicted))):
         axes[row, 0].set_ylabel(label, fontsize=12, fontweight="bold")

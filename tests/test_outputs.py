@@ -57,15 +57,26 @@ def test_storyboard_puts_observed_on_top_and_predicted_below(tmp_path):
     predicted = [(blue, "step 1: it leaves the frame"), (blue, "step 2: the frame is empty")]
     path = write_storyboard(observed, predicted, tmp_path / "board.png", title="clip.mp4")
     image = iio.imread(path)[..., :3].astype(int)
-    assert image.shape == (720, 900, 3)
+    assert image.shape[1] == 900  # 300 px per column
     is_red = (image[..., 0] > 240) & (image[..., 1] < 15) & (image[..., 2] < 15)
     is_blue = (image[..., 2] > 240) & (image[..., 0] < 15) & (image[..., 1] < 15)
-    top, bottom = slice(0, 360), slice(360, 720)
+    middle = image.shape[0] // 2
+    top, bottom = slice(0, middle), slice(middle, None)
     assert is_red[top].sum() > 3 * 48 * 64 * 0.5 and is_red[bottom].sum() == 0
     assert is_blue[bottom].sum() > 2 * 48 * 64 * 0.5 and is_blue[top].sum() == 0
     assert is_blue[:, 650:].sum() == 0  # third predicted cell is empty
     text = (image.sum(-1) < 200) & ~is_red & ~is_blue
     assert text[:40].sum() > 20  # the title
+
+
+def test_storyboard_height_follows_the_frames_shape(tmp_path):
+    def height(frame_shape):
+        cells = [(np.full((*frame_shape, 3), 200, np.uint8), "a caption")] * 2
+        return iio.imread(write_storyboard(cells, cells, tmp_path / "board.png")).shape[0]
+
+    square, strip = height((96, 96)), height((48, 144))
+    assert strip < 0.7 * square  # a row of wide strips leaves no band of empty space
+    assert square - strip == pytest.approx(2 * 300 * (1 - 1 / 3), abs=4)  # the frames' own height difference
 
 
 def test_storyboard_needs_frames(tmp_path):
