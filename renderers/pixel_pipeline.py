@@ -235,6 +235,7 @@ SOLVERS = ("sde-dpmsolver++", "dpmsolver++")  # DPM-Solver++ (2M) with fresh noi
 
 
 def check_solver(solver: str) -> str:
+    """``solver`` itself if it is one of ``SOLVERS``, else a ``ValueError`` that lists them."""
     if solver not in SOLVERS:
         raise ValueError(f"solver must be one of {', '.join(SOLVERS)}, got {solver!r}")
     return solver

@@ -39,7 +39,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
 from encoders.world_dataset import STATE_FRAMES, read_states
-from renderers.pixel_pipeline import PixelPipelineConfig, PixelTextToImagePipeline, build_pixel_pipeline
+from renderers.pixel_pipeline import PixelPipelineConfig, PixelTextToImagePipeline, build_pixel_pipeline, check_solver
 from world_model.checkpoint import atomic_dir, write_json_atomic
 from world_model.config_io import add_dataclass_flags, dataclass_from_args
 from world_model.lr_schedule import warmup_cosine
@@ -291,6 +291,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     model_config = dataclass_from_args(PixelPipelineConfig, args, skip=("sample_size",))
     if model_config.prediction_type not in ("sample", "v_prediction"):
         raise SystemExit(f"--prediction-type must be 'sample' or 'v_prediction', got {model_config.prediction_type!r}")
+    try:
+        check_solver(model_config.solver)
+    except ValueError as err:
+        raise SystemExit(f"--{err}") from None
     train(args.data, args.out, config, model_config, limit=args.limit)
     return 0
 

@@ -172,6 +172,12 @@ def test_motion_weight_raises_the_loss_only_where_the_strip_moves():
     assert loss(moving, 4.0) > 1.05 * loss(moving, 0.0)
 
 
+def test_training_command_refuses_an_unknown_solver_before_reading_data(tmp_path):
+    with pytest.raises(SystemExit, match="--solver must be one of sde-dpmsolver"):
+        main(["--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "run"), "--solver", "euler"])
+    assert not (tmp_path / "run").exists()
+
+
 def test_training_command_saves_a_loadable_pipeline(tmp_path):
     generate(2, seed=0, out_dir=tmp_path / "world", size=48, seconds=2)
     generate(1, seed=0, out_dir=tmp_path / "world", split="heldout", size=48, seconds=2)
