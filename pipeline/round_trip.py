@@ -54,7 +54,7 @@ def renderer_round_trip(renderer: str | Path, sentences: Sequence[str], captione
         per_seed[seed] = round_trip(captions[seed], sentences, kinds)
     texts = [s for _ in seeds for s in sentences]  # every render once, pooled over the seeds
     back = [captions[seed][s] for seed in seeds for s in sentences]
-    overall = accuracy_by_scene(back, texts, [scene_of(s) for s in texts])
+    overall = accuracy_by_scene(back, texts, kinds * len(seeds))
     return {"renderer": str(renderer), "captioner": str(captioner), "seeds": list(seeds), "steps": steps,
             "guidance": guidance,
             "solver": ren.pipeline.scheduler.config.algorithm_type, "overall": overall,
