@@ -1,7 +1,8 @@
 """Training configuration files: YAML with a ``model:`` and a ``training:`` section.
 
     model:    {type, and the fields of the type's config class except vocab_size / padding_idx}
-    training: {lr, weight_decay, batch_size, max_epochs, patience, tolerance, seed, eval_batch_size}
+    training: {lr, weight_decay, batch_size, max_epochs, patience, tolerance, seed, eval_batch_size,
+               precision, lr_schedule, warmup_steps, schedule_epochs, final_lr_fraction}
 
 ``validate_config`` checks every key and type and returns the normalised config with every default
 filled in, so two files that mean the same run compare equal.
@@ -31,6 +32,14 @@ TRAINING_FIELDS: dict[str, tuple[type, Any, Any, str]] = {
     "tolerance": (float, 1.01, lambda v: v >= 1.0, ">= 1.0"),
     "seed": (int, 0, lambda v: v >= 0, ">= 0"),
     "eval_batch_size": (int, 64, lambda v: v >= 1, ">= 1"),
+    # Not in section 8.2 (their defaults keep the paper's setting): bf16 mixed precision and a learning-rate
+    # schedule (linear warm-up over warmup_steps, then a cosine from lr down to final_lr_fraction * lr over
+    # schedule_epochs epochs, 0 meaning max_epochs; the rate stays at its floor afterwards).
+    "precision": (str, "fp32", lambda v: v in ("fp32", "bf16"), "'fp32' or 'bf16'"),
+    "lr_schedule": (str, "constant", lambda v: v in ("constant", "warmup_cosine"), "'constant' or 'warmup_cosine'"),
+    "warmup_steps": (int, 0, lambda v: v >= 0, ">= 0"),
+    "schedule_epochs": (int, 0, lambda v: v >= 0, ">= 0 (0: max_epochs)"),
+    "final_lr_fraction": (float, 0.1, lambda v: 0 <= v <= 1, "in [0, 1]"),
 }
 
 

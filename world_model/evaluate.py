@@ -24,6 +24,7 @@ from torch import nn
 
 from world_model.checkpoint import CheckpointError, write_json_atomic
 from world_model.models import count_parameters, load_model
+from world_model.precision import autocast
 from world_model.rocstories import CLOZE_PATTERN, STORY_SENTENCES, DataError, Story, read_cloze_csv
 from world_model.vocab import Vocabulary
 
@@ -31,8 +32,10 @@ SUM_KEYS = ("window_ce_sum", "window_tokens", "last_ce_sum", "last_correct", "la
 
 
 @torch.no_grad()
-def evaluation_sums(model: nn.Module, windows: torch.Tensor, batch_size: int, device: torch.device | str | None = None) -> torch.Tensor:
+def evaluation_sums(model: nn.Module, windows: torch.Tensor, batch_size: int, device: torch.device | str | None = None,
+                    precision: str = "fp32") -> torch.Tensor:
     """Summed statistics over `windows` (S, T+1, N) in eval mode: float64 tensor ordered as SUM_KEYS.
+    `precision` "bf16" runs the forward passes under bf16 autocast (the sums stay fp32 / float64).
 
     The model's train/eval mode is restored afterwards. Sums (not means) so that shards evaluated by
     several processes can be added before dividing.
@@ -47,7 +50,8 @@ def evaluation_sums(model: nn.Module, windows: torch.Tensor, batch_size: int, de
     try:
         for start in range(0, len(windows), batch_size):
             batch = windows[start : start + batch_size].to(device)
-            stats = model.training_step(batch)
+            with autocast(precision, device):
+                stats = model.training_step(batch)
             sums += torch.stack([getattr(stats, k).detach().double() for k in SUM_KEYS])
     finally:
         model.train(was_training)

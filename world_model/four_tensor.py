@@ -22,7 +22,7 @@ from torch import nn
 from world_model.checkpoint import PretrainedMixin
 from world_model.decoding import check_candidates, choose_candidates, slot_log_likelihood
 from world_model.inputs import check_example, check_window
-from world_model.kernels import linear_cross_entropy
+from world_model.kernels import linear_cross_entropy, linear_log_prob
 
 
 @dataclass
@@ -46,6 +46,10 @@ class FourTensorConfig:
     qkv_form: str = "dense"
     tucker_ranks: tuple[int, int, int, int] | None = None
     tucker_shared_factors: bool = False  # one A, B, C, D for every head and map (True) or one set per head and map
+    # Opt-in variants (not in the paper; the defaults are the paper's model):
+    temporal_causal: bool = False  # slice t attends only to slices <= t, so every target is a genuine next state
+    copy_path: bool = False  # a learned pointer mixture over the window's earlier tokens (CopyPath)
+    copy_dim: int = 32  # width of the copy path's query and key projections
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_x", "d_t", "n_heads", "n_layers", "n_tokens", "n_states"):
@@ -61,8 +65,11 @@ class FourTensorConfig:
             raise ValueError(f"attention must be 'fused' or 'reference', got {self.attention!r}")
         if self.qkv_form not in ("dense", "tucker"):
             raise ValueError(f"qkv_form must be 'dense' or 'tucker', got {self.qkv_form!r}")
-        if not isinstance(self.tucker_shared_factors, bool):
-            raise ValueError(f"tucker_shared_factors must be a bool, got {self.tucker_shared_factors!r}")
+        for flag in ("tucker_shared_factors", "temporal_causal", "copy_path"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
+        if int(self.copy_dim) < 1:
+            raise ValueError(f"FourTensorConfig.copy_dim must be >= 1, got {self.copy_dim}")
         if self.qkv_form == "dense":
             if self.tucker_ranks is not None:
                 raise ValueError(f"tucker_ranks {self.tucker_ranks!r} given with qkv_form='dense'; set qkv_form='tucker' or drop them")
@@ -123,6 +130,22 @@ def sinusoidal_embedding(positions: torch.Tensor, dim: int) -> torch.Tensor:
     pe[..., 0 : 2 * half : 2] = torch.sin(angle)
     pe[..., 1 : 2 * half : 2] = torch.cos(angle)
     return pe
+
+
+def temporal_causal_bias(pad_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive attention bias of the temporal-causal variant: pad_mask (B, N, T) -> (B, 1, N*T, N*T).
+
+    Flat positions are x * T + t. Key (x', t') is open to query (x, t) when t' <= t and the key is not
+    padding (bias 0); every other key gets the finite minimum. A query whose visible keys are all padding
+    attends uniformly to its visible keys (t' <= t), never to a later slice.
+    """
+    B, N, T = pad_mask.shape
+    t = torch.arange(T, device=pad_mask.device).repeat(N)  # (NT,) slice of each flat position
+    visible = t[None, :] <= t[:, None]  # (NT query, NT key)
+    open_keys = visible[None] & ~pad_mask.reshape(B, 1, N * T)  # (B, NT, NT)
+    open_keys = torch.where(open_keys.any(dim=-1, keepdim=True), open_keys, visible[None])
+    bias = torch.zeros(open_keys.shape, dtype=dtype, device=pad_mask.device)
+    return bias.masked_fill(~open_keys, torch.finfo(dtype).min)[:, None]
 
 
 class InputConstruction(nn.Module):
@@ -189,6 +212,7 @@ class FourTensorAttention(nn.Module):
         c = config
         self.n_heads, self.d, self.d_x, self.d_t = c.n_heads, c.d, c.d_x, c.d_t
         self.fused = c.attention == "fused"
+        self.causal = c.temporal_causal
         self.form = c.qkv_form
         self.shared_factors = c.tucker_shared_factors
         if self.form == "dense":
@@ -263,15 +287,21 @@ class FourTensorAttention(nn.Module):
         B, N, T, d = X.shape
         q, k, _ = self.qkv(X.reshape(B, N * T, d))
         scores = self.scale * q @ k.transpose(-1, -2)  # (B, H, NT, NT)
-        keys_pad = pad_mask.reshape(B, 1, 1, N * T)
-        scores = scores.masked_fill(keys_pad, torch.finfo(scores.dtype).min)  # key axes only
+        if self.causal:
+            scores = scores + temporal_causal_bias(pad_mask, scores.dtype)
+        else:
+            keys_pad = pad_mask.reshape(B, 1, 1, N * T)
+            scores = scores.masked_fill(keys_pad, torch.finfo(scores.dtype).min)  # key axes only
         return scores.softmax(dim=-1).view(B, self.n_heads, N, T, N, T)
 
     def forward(self, X: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
         """X (B, N, T, d) normalised stream, pad_mask (B, N, T) True at padding -> (B, N, T, d)."""
         B, N, T, d = X.shape
         q, k, v = self.qkv(X.reshape(B, N * T, d))
-        if self.fused:
+        if self.causal and self.fused:
+            # Every query keeps at least one open key (temporal_causal_bias), so the fused kernel is exact.
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=temporal_causal_bias(pad_mask, q.dtype), scale=self.scale)
+        elif self.fused:
             # Additive bias of the finite minimum: the same function as masked_fill wherever a key is live,
             # since score + finfo.min rounds to finfo.min. A window whose keys are all padding gets the
             # uniform distribution of the reference, i.e. the mean of V, taken directly: the fused kernel's
@@ -305,6 +335,65 @@ class FourTensorLayer(nn.Module):
         return X + self.dropout(self.fc2(F.gelu(self.fc1(self.ln_mlp(X)))))
 
 
+class CopyPath(nn.Module):
+    """Opt-in learned copy path (copy_path=True): a pointer mixture over the window's earlier tokens.
+
+    Not in the paper; in the spirit of pointer-sentinel and neural-cache language models. For the output
+    slot (x, t), which predicts token x of S(t+1), a pointer attends from the final state X[x, t] to the
+    final states of the input slots (x', t') with t' <= t whose token is a word (not padding, not the
+    unknown word), and a gate g = sigmoid(w . X[x, t] + b) mixes the two distributions:
+
+        p(v | x, t) = (1 - g) softmax(X[x, t] M)[v] + g * sum_{(x', t'): id(x', t') = v} pointer[(x, t), (x', t')]
+
+    A slot with no such earlier token gets g = 0. Flat positions are l = x * T + t, as in the attention.
+    """
+
+    def __init__(self, config: FourTensorConfig):
+        super().__init__()
+        self.query = nn.Linear(config.d, config.copy_dim)
+        self.key = nn.Linear(config.d, config.copy_dim)
+        self.gate = nn.Linear(config.d, 1)
+        nn.init.constant_(self.gate.bias, -1.0)  # start mostly on the vocabulary readout (g ~ 0.27)
+        self.scale = 1.0 / math.sqrt(config.copy_dim)
+        self.ignored = [config.padding_idx] + ([] if config.unknown_idx is None else [config.unknown_idx])
+
+    def forward(self, X: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """X (B, N, T, d) final states, token_ids (B, T, N) the window ->
+        (log g (B, NT), log(1 - g) (B, NT), pointer (B, NT, NT) probabilities over keys, key ids (B, NT)),
+        in the copy path's parameter dtype (fp32 under autocast)."""
+        B, N, T, d = X.shape
+        flat = X.reshape(B, N * T, d).to(self.query.weight.dtype)  # fp32 under autocast: the copy path is small
+        key_ids = token_ids.permute(0, 2, 1).reshape(B, N * T)  # (B, NT), flat x * T + t
+        t = torch.arange(T, device=X.device).repeat(N)
+        with torch.autocast(X.device.type, enabled=False):
+            scores = self.scale * self.query(flat) @ self.key(flat).transpose(1, 2)  # (B, NT, NT)
+            gate_logit = self.gate(flat)[..., 0]  # (B, NT)
+        open_keys = (t[None, :] <= t[:, None])[None] & ~torch.isin(key_ids, torch.tensor(self.ignored, device=X.device))[:, None, :]
+        has_keys = open_keys.any(dim=-1)  # (B, NT)
+        pointer = scores.masked_fill(~open_keys, float("-inf")).softmax(dim=-1).nan_to_num(0.0)  # rows without keys: 0
+        log_gate = F.logsigmoid(gate_logit).masked_fill(~has_keys, float("-inf"))
+        log_keep = F.logsigmoid(-gate_logit).masked_fill(~has_keys, 0.0)
+        return log_gate, log_keep, pointer, key_ids
+
+    @staticmethod
+    def target_log_prob(pointer: torch.Tensor, key_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """log of the pointer's mass on each slot's target: pointer (B, NT, NT), key_ids (B, NT), targets (B, NT) -> (B, NT).
+
+        A target that occurs in no open key gets log(1e-30) with zero gradient (the clamp), never -inf."""
+        mass = (pointer * (key_ids[:, None, :] == targets[:, :, None])).sum(dim=-1)
+        return mass.clamp_min(1e-30).log()
+
+    @staticmethod
+    def mix(vocab_logits: torch.Tensor, log_gate: torch.Tensor, log_keep: torch.Tensor, pointer: torch.Tensor,
+            key_ids: torch.Tensor) -> torch.Tensor:
+        """Mixture log-probabilities of some output slots: vocab_logits (B, R, V) of R slots, with their log g,
+        log(1 - g) (B, R) and pointer rows (B, R, NT) -> (B, R, V)."""
+        copy = torch.zeros(vocab_logits.shape, dtype=pointer.dtype, device=vocab_logits.device)
+        copy.scatter_add_(2, key_ids[:, None, :].expand(-1, pointer.shape[1], -1), pointer)  # (B, R, V)
+        mixed = log_keep[..., None].exp() * vocab_logits.to(pointer.dtype).softmax(dim=-1) + log_gate[..., None].exp() * copy
+        return mixed.clamp_min(1e-30).log()
+
+
 class StepStats(NamedTuple):
     """One training step: the window loss and the last-slice statistics on S(T)."""
 
@@ -329,6 +418,8 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         self.final_norm = nn.LayerNorm(config.d)
         self.W_prime = nn.Parameter(torch.empty(config.d_t, config.vocab_size))  # (d_t, V)
         nn.init.xavier_uniform_(self.W_prime)
+        self.pointer = CopyPath(config) if config.copy_path else None
+        self._readout_cache: tuple[tuple, torch.Tensor] | None = None  # (weights' identity and versions, M)
 
     # ----- checks on what callers hand in -----
     def check_token_ids(self, token_ids: torch.Tensor, name: str = "token_ids") -> None:
@@ -357,19 +448,48 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         return self.final_norm(X)
 
     def readout_matrix(self) -> torch.Tensor:
-        """Tied rank-1 readout M (d, V): M[n * d_t + q, v] = E_sem[v, n] * W'[q, v]."""
+        """Tied rank-1 readout M (d, V): M[n * d_t + q, v] = E_sem[v, n] * W'[q, v].
+
+        Without autograd (evaluation, rollout) M is built once and reused until E_sem or W' change: the
+        cache key holds both tensors' storage and version counters, which every in-place update (an
+        optimizer step, load_state_dict, a .to() that moves them) advances or replaces.
+        """
         E_sem = self.input_construction.E_sem.weight  # (V, d_x)
+        key = (E_sem.data_ptr(), E_sem._version, self.W_prime.data_ptr(), self.W_prime._version, E_sem.dtype, E_sem.device)
+        cacheable = not torch.is_grad_enabled()
+        if cacheable and self._readout_cache is not None and self._readout_cache[0] == key:
+            return self._readout_cache[1]
         E_T = E_sem.T.contiguous()  # (d_x, V), small; keeps the product below contiguous
-        M = E_T[:, None, :] * self.W_prime[None, :, :]  # (d_x, d_t, V), written once
-        return M.view(self.config.d, self.config.vocab_size)
+        M = (E_T[:, None, :] * self.W_prime[None, :, :]).view(self.config.d, self.config.vocab_size)  # (d_x d_t, V)
+        self._readout_cache = (key, M) if cacheable else None
+        return M
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """Token ids (B, T, N) -> logits (B, N, T, V); logits[:, :, t] predict sentence t + 1."""
-        return self.encode(token_ids) @ self.readout_matrix()
+        """Token ids (B, T, N) -> logits (B, N, T, V); logits[:, :, t] predict sentence t + 1.
+
+        With the copy path these are the mixture's log-probabilities (also valid logits)."""
+        X = self.encode(token_ids)  # (B, N, T, d)
+        logits = X @ self.readout_matrix()  # (B, N, T, V)
+        if self.pointer is None:
+            return logits
+        B, N, T, V = logits.shape
+        return CopyPath.mix(logits.reshape(B, N * T, V), *self.pointer(X, token_ids)).view(B, N, T, V)
 
     def last_slice_logits(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """Logits of the next sentence only: (B, T, N) -> (B, N, V), read out from the last sentence slot."""
-        return self.encode(token_ids)[:, :, -1] @ self.readout_matrix()
+        """Logits of the next sentence only: (B, T, N) -> (B, N, V), read out from the last sentence slot
+        (the copy path's log-probabilities when it is on)."""
+        X = self.encode(token_ids)
+        return self.slice_logits(X, token_ids.long(), X.shape[2] - 1)
+
+    def slice_logits(self, X: torch.Tensor, token_ids: torch.Tensor, t: int) -> torch.Tensor:
+        """Logits of slice t, which predict sentence t + 1: X (B, N, T, d), token_ids (B, T, N) -> (B, N, V)."""
+        logits = X[:, :, t] @ self.readout_matrix()
+        if self.pointer is None:
+            return logits
+        N, T = X.shape[1], X.shape[2]
+        rows = torch.arange(N, device=X.device) * T + t  # flat positions (x, t)
+        log_gate, log_keep, pointer, key_ids = self.pointer(X, token_ids)
+        return CopyPath.mix(logits, log_gate[:, rows], log_keep[:, rows], pointer[:, rows], key_ids)
 
     def training_step(self, token_ids_full: torch.Tensor) -> StepStats:
         """A stored window (B, T+1, N) -> the window loss on S(1..T) and statistics on S(T).
@@ -391,9 +511,11 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         earlier, final = live & ~last, live & last
         target = torch.cat([Y[earlier], Y[final]])  # (K,)
         n_earlier = int(earlier.sum())
-        ce_sum, ce, argmax = linear_cross_entropy(
-            torch.cat([X[earlier], X[final]]), self.readout_matrix(), target, argmax_from=n_earlier
-        )
+        rows = torch.cat([X[earlier], X[final]])  # (K, d)
+        if self.pointer is None:
+            ce_sum, ce, argmax = linear_cross_entropy(rows, self.readout_matrix(), target, argmax_from=n_earlier)
+        else:
+            ce_sum, ce, argmax = self.copy_path_loss(X, token_ids_full[:, :-1], Y, earlier, final, rows, target)
         window_tokens = live.sum()
         return StepStats(
             loss=ce_sum / window_tokens.clamp(min=1),
@@ -403,6 +525,26 @@ class FourTensorModel(PretrainedMixin, nn.Module):
             last_correct=(argmax == target[n_earlier:]).sum(),
             last_tokens=final.sum(),
         )
+
+    def copy_path_loss(self, X, token_ids, Y, earlier, final, rows, target):
+        """`training_step`'s loss with the copy path: -log p(target) of the mixture for the K scored rows.
+
+        X (B, N, T, d), token_ids (B, T, N) the input window, Y (B, N, T) targets, earlier / final (B, N, T)
+        the scored slots, rows (K, d) and target (K,) ordered as they are -> (ce_sum, ce (K,), argmax of the
+        final rows' mixture). The vocabulary part runs through the chunked kernel (no (K, V) logits)."""
+        B, N, T = Y.shape
+        log_gate, log_keep, pointer, key_ids = self.pointer(X, token_ids)
+        log_copy = CopyPath.target_log_prob(pointer, key_ids, Y.reshape(B, N * T))
+
+        def pick(a: torch.Tensor) -> torch.Tensor:  # (B, NT) -> (K,) in the order of `rows`
+            a = a.view(B, N, T)
+            return torch.cat([a[earlier], a[final]])
+
+        log_vocab = linear_log_prob(rows, self.readout_matrix(), target)  # (K,)
+        ce = -torch.logaddexp(pick(log_keep) + log_vocab, pick(log_gate) + pick(log_copy))
+        with torch.no_grad():
+            argmax = self.slice_logits(X, token_ids, T - 1)[final[:, :, -1]].argmax(dim=-1)
+        return ce.sum(), ce.detach(), argmax
 
     # ----- autoregressive rollout -----
     def decode_state(

@@ -49,6 +49,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from world_model.checkpoint import CheckpointError, check_state_dict, read_state_dict, replace_dir, write_json_atomic
 from world_model.config_io import ConfigError, load_config, validate_config
 from world_model.evaluate import evaluation_sums, metrics_from_sums
+from world_model.lr_schedule import warmup_cosine
+from world_model.precision import autocast
 from world_model.models import build_model, count_parameters, model_vocab_size
 from world_model.rocstories import DataError, build_vocabulary, corpus_statistics, encode_windows, load_corpus
 from world_model.vocab import Vocabulary
@@ -332,13 +334,33 @@ def sigterm_as_interrupt():
 
 @contextlib.contextmanager
 def deterministic_algorithms():
-    """torch.use_deterministic_algorithms(True) for the block, the previous setting restored afterwards."""
+    """torch.use_deterministic_algorithms(True) for the block, the previous setting restored afterwards.
+
+    Without the fill of new tensors with NaN that the setting also turns on: that fill only exposes kernels
+    that read memory they never wrote (none here; the tests compare runs bit for bit), and it cost about
+    5% of a training step."""
     enabled, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
     torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = False
     try:
         yield
     finally:
         torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+
+
+def schedule_follows_max_epochs(training: dict) -> bool:
+    """True when the learning-rate schedule's length is max_epochs (so a resume must keep max_epochs)."""
+    return training["lr_schedule"] == "warmup_cosine" and training["schedule_epochs"] == 0
+
+
+def learning_rate(training: dict, step: int, steps_per_epoch: int) -> float:
+    """The rate of optimizer step `step` (0-based over the whole run) under the config's schedule."""
+    if training["lr_schedule"] == "constant":
+        return training["lr"]
+    horizon = (training["schedule_epochs"] or training["max_epochs"]) * steps_per_epoch
+    return warmup_cosine(training["lr"], step, step / max(horizon, 1), training["warmup_steps"], training["final_lr_fraction"])
 
 
 # ----- training -----
@@ -351,12 +373,13 @@ def train(
     max_minutes: float | None = None,
     train_subset: int | None = None,
     seed: int | None = None,
+    precision: str | None = None,
     progress: bool = True,
     step_delay: float = 0.0,
 ) -> dict:
     """Train, write OUT_DIR (see the module docstring) and return the summary dict.
 
-    `config` is a config dict or a YAML path; `max_epochs` and `seed` override its training section.
+    `config` is a config dict or a YAML path; `max_epochs`, `seed` and `precision` override its training section.
     `train_subset` keeps the first K training stories or episodes (the vocabulary still covers the whole pool).
     `step_delay` sleeps after every optimizer step (used by tests to interrupt a run mid-epoch).
     """
@@ -366,6 +389,8 @@ def train(
         config["training"]["max_epochs"] = max_epochs
     if seed is not None:
         config["training"]["seed"] = seed
+    if precision is not None:
+        config["training"]["precision"] = precision
     config = validate_config(config, source="config with command-line overrides")
     if train_subset is not None and (isinstance(train_subset, bool) or not isinstance(train_subset, int) or train_subset < 1):
         raise TrainingError(f"--train-subset must be a positive number of stories or episodes, got {train_subset!r}")
@@ -390,7 +415,8 @@ def train(
             saved["config"] = validate_config(saved["config"], source=f"{out / RUN_FILE}")
         except ConfigError as err:
             raise TrainingError(f"--resume: {err}") from err
-        diffs = [d for d in config_differences(saved, run_record) if not d.startswith(tuple(f"config.{k}:" for k in RESUME_MAY_CHANGE))]
+        may_change = RESUME_MAY_CHANGE if not schedule_follows_max_epochs(tc) else ()
+        diffs = [d for d in config_differences(saved, run_record) if not d.startswith(tuple(f"config.{k}:" for k in may_change))]
         if diffs:
             raise TrainingError(f"--resume: the requested run differs from the one in {out}: " + "; ".join(diffs))
 
@@ -484,7 +510,10 @@ def train(
 
                     bar = tqdm(loader, desc=f"epoch {epoch}/{tc['max_epochs']}", leave=False, dynamic_ncols=True)
                 for step, batch in enumerate(bar):
-                    stats_step = step_module(batch)
+                    for group in optimizer.param_groups:
+                        group["lr"] = learning_rate(tc, (epoch - 1) * len(loader) + step, len(loader))
+                    with autocast(tc["precision"], accelerator.device):
+                        stats_step = step_module(batch)
                     optimizer.zero_grad(set_to_none=True)
                     accelerator.backward(stats_step.loss)
                     optimizer.step()
@@ -499,7 +528,7 @@ def train(
                 train_loss = float(sums[0] / sums[1]) if float(sums[1]) > 0 else float("nan")
                 t_train = time.monotonic()
 
-                val_sums = accelerator.reduce(evaluation_sums(inner, val_shard, tc["eval_batch_size"], accelerator.device), reduction="sum")
+                val_sums = accelerator.reduce(evaluation_sums(inner, val_shard, tc["eval_batch_size"], accelerator.device, tc["precision"]), reduction="sum")
                 metrics = metrics_from_sums(val_sums)
                 t_eval = time.monotonic()
                 record = {
@@ -584,12 +613,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-minutes", type=float, help="stop after the epoch in which this many minutes have passed")
     parser.add_argument("--train-subset", type=int, help="train on the first K training stories (or episodes) only")
     parser.add_argument("--seed", type=int, help="override training.seed")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], help="override training.precision (bf16: mixed precision, fp32 weights)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--step-delay", type=float, default=0.0, help=argparse.SUPPRESS)  # tests: slow a run down to interrupt it
     args = parser.parse_args(argv)
     try:
         train(args.config, args.data, args.out, resume=args.resume, max_epochs=args.max_epochs, max_minutes=args.max_minutes,
-              train_subset=args.train_subset, seed=args.seed, progress=not args.no_progress, step_delay=args.step_delay)
+              train_subset=args.train_subset, seed=args.seed, precision=args.precision, progress=not args.no_progress, step_delay=args.step_delay)
     except (ConfigError, DataError, TrainingError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
