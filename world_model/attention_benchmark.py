@@ -94,6 +94,15 @@ def attention_form(model_section: dict) -> str:
 
 
 # ----- the rows -----
+ATTENTION_KEYS = ("qkv_form", "tucker_ranks", "tucker_shared_factors", "attention", "n_kv_heads", "mla_kv_rank", "mla_q_rank",
+                  "mla_shared_kv", "tucker_ranks_out", "bitlinear")
+
+
+def is_attention_variant(overrides: dict) -> bool:
+    """True when a variant's model overrides change the attention form (the rows this module reports)."""
+    return any(k in overrides for k in ATTENTION_KEYS)
+
+
 def pareto_front(points: list[tuple[float, float]]) -> list[bool]:
     """For (cost, loss) points: True where no other point has cost <= and loss <= with one of them strictly lower."""
     return [not any(c2 <= c and l2 <= l and (c2 < c or l2 < l) for c2, l2 in points) for c, l in points]

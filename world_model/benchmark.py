@@ -58,6 +58,7 @@ import torch
 import yaml
 
 from world_model import attention_benchmark as attn
+from world_model import seed_stats
 from world_model import train as train_mod
 from world_model.checkpoint import CheckpointError, write_json_atomic
 from world_model.config_io import ConfigError, validate_config
@@ -68,7 +69,7 @@ from world_model.train import METRICS_FILE, RUN_FILE, RUN_MARKERS, SUMMARY_FILE,
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "benchmark"
 MODELS = ("four_tensor", "baseline")  # run order within a pair
 MODEL_LABELS = {"four_tensor": "4-tensor", "baseline": "baseline"}
-PRESET_SECTIONS = ("pairs", "model", "training", "budget", "variants")
+PRESET_SECTIONS = ("pairs", "model", "training", "budget", "variants", "seeds", "default_pairs")
 VARIANT_FIELDS = ("type", "pair", "model")
 BUDGET_FIELDS = ("train_subset", "max_minutes")
 PAIR_FIELDS = ("n_heads", "n_layers")
@@ -146,9 +147,18 @@ def load_preset(preset: str | os.PathLike) -> dict:
     budget = data.get("budget") or {}
     if not isinstance(budget, dict) or any(k not in BUDGET_FIELDS for k in budget):
         raise BenchmarkError(f"{path}: 'budget' may only set {list(BUDGET_FIELDS)}")
+    seeds = data.get("seeds")
+    if seeds is not None and (not isinstance(seeds, list) or not seeds or len(set(seeds)) != len(seeds) or not all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds)):
+        raise BenchmarkError(f"{path}: 'seeds' must be a list of distinct integers >= 0, got {seeds!r}")
+    default_pairs = data.get("default_pairs")
+    if default_pairs is not None and (not isinstance(default_pairs, list) or not default_pairs
+                                      or any(p not in pairs for p in default_pairs)):
+        raise BenchmarkError(f"{path}: 'default_pairs' must list pairs of the preset ({', '.join(map(str, pairs))}), got {default_pairs!r}")
     spec = {"name": path.stem, "path": str(path), "pairs": {str(k): dict(v) for k, v in pairs.items()},
             "model": dict(model), "training": dict(training), "budget": {k: budget.get(k) for k in BUDGET_FIELDS},
-            "variants": check_variants(data.get("variants") or {}, pairs, path)}
+            "variants": check_variants(data.get("variants") or {}, pairs, path),
+            "seeds": seeds, "default_pairs": default_pairs}
     for name, variant in spec["variants"].items():
         run_config(spec, variant["pair"], variant["type"], variant=name)  # a bad override is an error here, before any data
     return spec
@@ -179,18 +189,23 @@ def check_variants(variants: Any, pairs: dict, path: Path) -> dict:
     return out
 
 
-def run_config(preset: dict, pair: str, model_type: str, max_epochs: int | None = None, variant: str | None = None) -> dict:
-    """The validated train() config of one run: the preset's shared settings plus the pair's H, L (and a variant's overrides)."""
+def run_config(preset: dict, pair: str, model_type: str, max_epochs: int | None = None, variant: str | None = None,
+               seed: int | None = None) -> dict:
+    """The validated train() config of one run: the preset's shared settings plus the pair's H, L (and a variant's
+    overrides, and the seed of a multi-seed preset)."""
     overrides = preset["variants"][variant]["model"] if variant else {}
     config = {"model": {"type": model_type, **preset["model"], **preset["pairs"][pair], **overrides},
               "training": dict(preset["training"])}
     if max_epochs is not None:
         config["training"]["max_epochs"] = max_epochs
+    if seed is not None:
+        config["training"]["seed"] = seed
     return validate_config(config, source=f"preset {preset['name']}, pair {pair}, {model_type}" + (f", variant {variant}" if variant else ""))
 
 
-def run_name(pair: str, model_type: str, variant: str | None = None) -> str:
-    return f"{pair}_{model_type}" + (f"_{variant}" if variant else "")
+def run_name(pair: str, model_type: str, variant: str | None = None, seed: int | None = None) -> str:
+    """The run folder's name: <pair>_<type>[_<variant>][_s<seed>] (the seed only in a preset with `seeds:`)."""
+    return f"{pair}_{model_type}" + (f"_{variant}" if variant else "") + (f"_s{seed}" if seed is not None else "")
 
 
 # ----- the paper-preset parameter check (meta device: nothing is allocated) -----
@@ -419,8 +434,44 @@ def notes_for(results: dict) -> list[str]:
     notes.append(f"Times are this machine's ({m['cpu_count']} CPU(s), torch {m['torch']} with {m['torch_threads']} thread(s), "
                  f"device {m['device']}; load average {m['load_average_start']} at the start, {m.get('load_average_end')} at the end). "
                  "Wall times are train()'s epoch clock (training and validation, not process start-up); "
-                 "windows/s is training windows over training time. A single seed per cell.")
+                 "windows/s is training windows over training time. "
+                 + (f"Seeds: {', '.join(map(str, settings['seeds']))} (mean ± sd over them and paired 95% intervals under 'Over seeds')."
+                    if settings.get("seeds") else "A single seed per cell."))
     return notes
+
+
+def row_label(row: dict) -> str:
+    """A row's name in the reports: "h4_l2 4-tensor", "h4_l2 4-tensor causal" ..."""
+    return f"{row['pair']} {MODEL_LABELS[row['model_type']]}" + (f" {row['variant']}" if row.get("variant") else "")
+
+
+def fmt_mean_sd(stats: dict, spec: str) -> str:
+    if stats.get("mean") is None:
+        return "—"
+    return format(stats["mean"], spec) + (f" ± {format(stats['sd'], spec)}" if stats.get("sd") is not None else "")
+
+
+def seed_lines(results: dict) -> list[str]:
+    """The 'Over seeds' section: mean ± sd per row and the paired differences (only with several seeds)."""
+    if not (results["settings"].get("seeds") and results.get("seed_summary")):
+        return []
+    lines = ["", "## Over seeds", "",
+             "Mean ± sample standard deviation over the seeds that have finished (each seed changes the initial weights, "
+             "the batch order and dropout; the windows are the same).", "",
+             "| row | seeds | L_S(4) | per seed | token acc. | epochs (selected/last) | stopped by |", "|---|---|---:|---|---:|---|---|"]
+    for row in results["seed_summary"]:
+        ce = row["val_last_ce"]
+        lines.append(f"| {row_label(row)} | {', '.join(map(str, row['seeds']))} | {fmt_mean_sd(ce, '.4f')} | "
+                     f"{', '.join(fmt(v, '.4f') for v in ce['values'])} | {fmt_mean_sd(row['val_token_accuracy'], '.4f')} | "
+                     f"{', '.join(row['epochs'])} | {', '.join(sorted(set(row['stopped_by'])))} |")
+    lines += ["", "Paired differences of L_S(4) by seed (positive: the second-named row is lower), with the 95% Student-t "
+              "interval of their mean:", "", "| pair | difference | seeds | per seed | mean | 95% interval |", "|---|---|---|---|---:|---|"]
+    for p in results["paired"]:
+        ci = p["ci95"]
+        lines.append(f"| {p['pair']} | {p['comparison']} | {', '.join(map(str, p['seeds']))} | "
+                     f"{', '.join(f'{d:+.4f}' for d in p['differences'])} | {fmt(p['mean'], '+.4f')} | "
+                     f"{f'[{ci[0]:+.4f}, {ci[1]:+.4f}]' if ci else '— (one seed)'} |")
+    return lines
 
 
 def write_markdown(results: dict, path: Path) -> None:
@@ -442,8 +493,10 @@ def write_markdown(results: dict, path: Path) -> None:
              "match rate on the same tokens; perplexity = exp(L_S(4)).", "",
              "| pair | H | L | model | parameters | epoch | stopped by | L_S(4) | token acc. | perplexity | time to selected | total time | train windows/s |",
              "|---|---|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r['pair']} | {r['n_heads']} | {r['n_layers']} | {MODEL_LABELS[r['model_type']]} | {r['parameters']:,} | "
+    attention_variants = {a["run_dir"] for a in results.get("attention", [])}
+    for r in rows + [v for v in results.get("variants", []) if v["run_dir"] not in attention_variants]:
+        seed = f" (seed {r['seed']})" if r.get("seed") is not None else ""
+        lines.append(f"| {r['pair']}{seed} | {r['n_heads']} | {r['n_layers']} | {row_label(r).split(' ', 1)[1]} | {r['parameters']:,} | "
                      f"{r['best_epoch']}/{r['last_epoch']} | {r['stopped_by']} | {fmt(r['val_last_ce'], '.4f')} | "
                      f"{fmt(r['val_token_accuracy'], '.4f')} | {fmt(r['val_perplexity'], '.1f')} | {fmt_seconds(r['wall_seconds_to_best'])} | "
                      f"{fmt_seconds(r['wall_seconds_total'])} | {fmt(r['train_windows_per_second'], '.1f')} |")
@@ -452,16 +505,18 @@ def write_markdown(results: dict, path: Path) -> None:
               "wall time to the selected checkpoint, measured in this run.", "",
               "| pair | Δ L_S(4) | lowest L_S(4) over all epochs, 4-tensor / baseline (Δ) | time-to-selected ratio | total-time ratio | parameters, baseline / 4-tensor | matched |",
               "|---|---:|---|---:|---:|---:|---|"]
-    by = {(r["pair"], r["model_type"]): r for r in rows}
+    by = {(r["pair"], r.get("seed"), r["model_type"]): r for r in rows}
     for p in pairs:
+        name = p["pair"] + (f" (seed {p['seed']})" if p.get("seed") is not None else "")
         if not p["complete"]:
-            lines.append(f"| {p['pair']} | — | — | — | — | — | incomplete |")
+            lines.append(f"| {name} | — | — | — | — | — | incomplete |")
             continue
-        f4, fb = by[(p["pair"], "four_tensor")], by[(p["pair"], "baseline")]
-        lines.append(f"| {p['pair']} | {fmt(p['delta_last_ce'], '+.4f')} | {fmt(f4['lowest_val_last_ce'], '.4f')} (ep {f4['lowest_val_last_ce_epoch']}) / "
+        f4, fb = by[(p["pair"], p.get("seed"), "four_tensor")], by[(p["pair"], p.get("seed"), "baseline")]
+        lines.append(f"| {name} | {fmt(p['delta_last_ce'], '+.4f')} | {fmt(f4['lowest_val_last_ce'], '.4f')} (ep {f4['lowest_val_last_ce_epoch']}) / "
                      f"{fmt(fb['lowest_val_last_ce'], '.4f')} (ep {fb['lowest_val_last_ce_epoch']}) ({fmt(p['delta_lowest_last_ce'], '+.4f')}) | "
                      f"{fmt(p['time_to_best_ratio'], '.2f')} | {fmt(p['total_time_ratio'], '.2f')} | {fmt(p['parameter_ratio'], '.3f')} | "
                      f"{'yes' if p['matched'] else 'NO'} |")
+    lines += seed_lines(results)
     lines += ["", f"![L_S(4) per epoch]({FIGURE})"]
     if results.get("attention"):
         lines += attn.markdown_lines(results)
@@ -554,6 +609,7 @@ class Run:
     config: dict
     folder: Path
     variant: str | None = None  # None: one of the pair's two runs
+    seed: int | None = None  # the run's seed in a preset with `seeds:`, else None (the training section's seed)
     done: bool = False
     estimate_seconds: float | None = None
     max_minutes: float | None = None
@@ -561,13 +617,13 @@ class Run:
 
     @property
     def name(self) -> str:
-        return run_name(self.pair, self.model_type, self.variant)
+        return run_name(self.pair, self.model_type, self.variant, self.seed)
 
 
 def run_benchmark(preset: str | os.PathLike, data_dir: str | os.PathLike, out_dir: str | os.PathLike,
                   max_epochs: int | None = None, max_minutes: float | None = None, train_subset: int | None = None,
                   pairs: Sequence[str] | None = None, resume: bool = False, progress: bool = True,
-                  command: str | None = None) -> dict:
+                  command: str | None = None, seeds: Sequence[int] | None = None) -> dict:
     """Check everything, then train every (pair, model) run and write the reports; returns results.json's dict.
 
     Every check (preset, pairs, budgets, data folder, output folder, time budget) runs before any training.
@@ -577,7 +633,7 @@ def run_benchmark(preset: str | os.PathLike, data_dir: str | os.PathLike, out_di
     spec = load_preset(preset)
     known = list(spec["pairs"])
     if pairs is None:
-        chosen = known
+        chosen = spec["default_pairs"] or known
     else:
         chosen = [p.strip() for p in pairs if p.strip()]
         unknown = [p for p in chosen if p not in spec["pairs"]]
@@ -603,13 +659,19 @@ def run_benchmark(preset: str | os.PathLike, data_dir: str | os.PathLike, out_di
         raise BenchmarkError("a time budget is not supported with several processes: each process would stop on its own clock; "
                              "use --max-epochs (the paper preset has no time budget)")
 
+    seed_list = list(seeds) if seeds is not None else spec["seeds"]
+    if seed_list is not None and (not seed_list or len(set(seed_list)) != len(seed_list) or any(
+            isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in seed_list)):
+        raise BenchmarkError(f"--seeds must be distinct integers >= 0, got {seed_list!r}")
     out = Path(out_dir)
     runs = []
-    for pair in chosen:  # the pair's two runs, then its variants
-        runs += [Run(pair, mt, run_config(spec, pair, mt, max_epochs), out / RUNS_DIR / run_name(pair, mt)) for mt in MODELS]
-        runs += [Run(pair, v["type"], run_config(spec, pair, v["type"], max_epochs, variant=name),
-                     out / RUNS_DIR / run_name(pair, v["type"], name), variant=name)
-                 for name, v in spec["variants"].items() if v["pair"] == pair]
+    for seed in seed_list or [None]:  # seed by seed, so that a partial benchmark has whole seeds
+        for pair in chosen:  # the pair's two runs, then its variants
+            runs += [Run(pair, mt, run_config(spec, pair, mt, max_epochs, seed=seed), out / RUNS_DIR / run_name(pair, mt, seed=seed),
+                         seed=seed) for mt in MODELS]
+            runs += [Run(pair, v["type"], run_config(spec, pair, v["type"], max_epochs, variant=name, seed=seed),
+                         out / RUNS_DIR / run_name(pair, v["type"], name, seed), variant=name, seed=seed)
+                     for name, v in spec["variants"].items() if v["pair"] == pair]
 
     find_split_files(data_dir)  # DataError (no training or no validation file) before anything else reads the data
     corpus = load_corpus(data_dir)
@@ -655,7 +717,7 @@ def run_benchmark(preset: str | os.PathLike, data_dir: str | os.PathLike, out_di
                 + f". One epoch of every run needs about {sum(r.estimate_seconds for r in todo) / 60 + (time.monotonic() - t_start) / 60:.1f} "
                   "minutes in all; raise --max-minutes or lower --train-subset.")
 
-    settings = {"pairs": chosen, "max_epochs": runs[0].config["training"]["max_epochs"], "train_subset": k, "max_minutes": m,
+    settings = {"pairs": chosen, "seeds": seed_list, "max_epochs": runs[0].config["training"]["max_epochs"], "train_subset": k, "max_minutes": m,
                 "share_minutes": share / 60 if share is not None else None,  # the equal share at the start
                 "resume": resume,
                 "estimated_epoch_seconds": {r.name: r.estimate_seconds for r in todo if r.estimate_seconds is not None}}
@@ -669,21 +731,27 @@ def run_benchmark(preset: str | os.PathLike, data_dir: str | os.PathLike, out_di
 
     def collect() -> None:
         rows = [run_record(r.pair, r.model_type, r.folder, out, {"skipped_by_resume": r.done, "estimated_epoch_seconds": r.estimate_seconds,
-                                                                  "max_minutes_given": r.max_minutes, **r.extra}) for r in runs]
+                                                                  "max_minutes_given": r.max_minutes, "seed": r.seed, **r.extra})
+                for r in runs]
         results["runs"] = [row for row, r in zip(rows, runs) if row is not None and r.variant is None]
-        by_pair: dict[str, dict] = {}
+        by_pair: dict[tuple, dict] = {}  # (pair, seed) -> model type -> row
         for row in results["runs"]:
-            by_pair.setdefault(row["pair"], {})[row["model_type"]] = row
-        results["pairs"] = [pair_record(pair, by_pair.get(pair, {})) for pair in chosen if pair in by_pair]
+            by_pair.setdefault((row["pair"], row["seed"]), {})[row["model_type"]] = row
+        results["pairs"] = [{**pair_record(pair, found), "seed": seed} for (pair, seed), found in by_pair.items()]
         if spec["variants"]:
             results["variants"] = []
             for row, r in zip(rows, runs):
                 if row is not None and r.variant is not None:
-                    reference = by_pair.get(r.pair, {}).get(r.model_type)
+                    reference = by_pair.get((r.pair, r.seed), {}).get(r.model_type)
                     results["variants"].append({**row, "variant": r.variant,
                                                 "mismatches": run_mismatches(reference, row) if reference else None})
-            results["attention"] = attn.attention_rows(results["runs"], results["variants"])
-            results["attention_target"] = attn.target_check(results["attention"])
+            attention = [v for v in results["variants"] if attn.is_attention_variant(spec["variants"][v["variant"]]["model"])]
+            if attention:
+                results["attention"] = attn.attention_rows(results["runs"], attention)
+                results["attention_target"] = attn.target_check(results["attention"])
+        every_run = results["runs"] + results.get("variants", [])
+        results["seed_summary"] = seed_stats.summarise_rows(every_run)
+        results["paired"] = seed_stats.paired_rows(every_run)
         results["elapsed_seconds"] = time.monotonic() - t_start
         results["machine"]["load_average_end"] = load_average()
 
@@ -741,6 +809,15 @@ def print_summary(results: dict, out: Path) -> None:
               f"(paper {c['paper_m']}M) {'ok' if c['match'] else 'MISMATCH'}")
 
 
+def parse_seeds(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise BenchmarkError(f"--seeds must be comma-separated integers, got {text!r}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="The paper's Table 5 benchmark: 4-tensor model vs flat baseline at matched settings.")
     parser.add_argument("--preset", required=True, help="cpu, attention, paper (configs/benchmark/<name>.yaml) or the path of a preset YAML file")
@@ -750,6 +827,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-minutes", type=float, help="time budget of the whole command, split equally across the runs it trains")
     parser.add_argument("--train-subset", type=int, help="train on the first K training stories (every run)")
     parser.add_argument("--pairs", help="comma-separated pair names of the preset (default: all, e.g. h2_l2,h4_l2,h4_l3)")
+    parser.add_argument("--seeds", help="comma-separated seeds (default: the preset's seeds, or its training seed)")
     parser.add_argument("--resume", action="store_true", help="skip finished runs and resume interrupted ones")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
@@ -758,7 +836,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         run_benchmark(args.preset, args.data, args.out, max_epochs=args.max_epochs, max_minutes=args.max_minutes,
                       train_subset=args.train_subset, pairs=args.pairs.split(",") if args.pairs is not None else None,
-                      resume=args.resume, progress=not args.no_progress,
+                      resume=args.resume, progress=not args.no_progress, seeds=parse_seeds(args.seeds),
                       command=f"{launcher} world_model.benchmark " + shlex.join(argv_list))
     except (BenchmarkError, ConfigError, DataError, TrainingError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
