@@ -85,7 +85,7 @@ class CountFloor:
         flat = ids.reshape(len(ids), -1)
         hits = ((flat[:, :, None] == ctx[:, None, :]) & live[:, None, :]).sum(-1).double()
         copy = (hits / n_ctx.clamp(min=1)[:, None].double()).reshape(shape)
-        weight = torch.where(n_ctx > 0, self.copy_weight, 0.0).double()
+        weight = (n_ctx > 0).double() * self.copy_weight
         return copy, weight.reshape(-1, *([1] * (len(shape) - 1)))
 
     def token_probs(self, context: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -149,14 +149,15 @@ def cloze_half(path: str | os.PathLike) -> str:
 
 
 def load_cloze_halves(data_dir: str | os.PathLike) -> dict[str, list[ClozeStory]]:
-    """``{half: items}`` of every ``cloze_test_*.csv`` of ``data_dir`` (sorted by file name, as training reads them)."""
+    """``{half: items}`` of every ``cloze_test_*.csv`` of ``data_dir``, the val half first, then the test half."""
     halves: dict[str, list[ClozeStory]] = {}
     for path in find_split_files(data_dir, ("validation",))["validation"]:
         half = cloze_half(path)
         if half in halves:
             raise DataError(f"{data_dir}: two Story Cloze files hold the {half!r} half")
         halves[half] = read_cloze_endings(path)
-    return halves
+    order = {"val": 0, "test": 1}
+    return dict(sorted(halves.items(), key=lambda item: order.get(item[0], 2)))
 
 
 def encode_cloze(items: Sequence[ClozeStory], vocab: Vocabulary, n: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
