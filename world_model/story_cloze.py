@@ -76,6 +76,11 @@ def model_scorer(model: nn.Module, batch_size: int = 64) -> Scorer:
     raise ValueError(f"{type(model).__name__} has neither score_sentences nor last_slice_logits: it cannot score endings")
 
 
+def floor_scorer(floor: CountFloor) -> Scorer:
+    """The scorer of a count floor."""
+    return lambda context, endings: floor_scores(floor, context, endings)
+
+
 def accuracy(sums: torch.Tensor, tokens: torch.Tensor, answer: torch.Tensor) -> dict:
     """{"summed", "per_token"} accuracy of picking the higher-scored ending (S, 2) against `answer` (S,) in {0, 1}."""
     out = {}
@@ -94,7 +99,3 @@ def story_cloze(scorer: Scorer, halves: dict[str, list[ClozeStory]], vocab: Voca
         context, endings, answer = encode_cloze(items, vocab, n)
         out[half] = {**accuracy(*scorer(context, endings), answer), "stories": len(items)}
     return out
-
-
-def floor_scorer(floor: CountFloor) -> Scorer:
-    return lambda context, endings: floor_scores(floor, context, endings)
