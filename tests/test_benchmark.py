@@ -14,7 +14,11 @@ from world_model import attention_benchmark as attn
 from world_model import benchmark as bench
 from world_model import train as train_mod
 from world_model.config_io import ConfigError
+from world_model import story_cloze as sc
+from world_model.floors import FLOORS, floor_report
 from world_model.models import build_model, count_parameters, load_model
+from world_model.rocstories import build_vocabulary, encode_windows, load_cloze_halves, load_corpus
+from world_model.vocab import Vocabulary
 
 TINY_PRESET = {
     "pairs": {"h1_l1": {"n_heads": 1, "n_layers": 1}, "h2_l1": {"n_heads": 2, "n_layers": 1}},
@@ -101,12 +105,34 @@ def test_writes_one_row_per_pair_and_model_and_the_reports(finished, preset):
     assert params[("h1_l1", "baseline")] == params[("h2_l1", "baseline")]
     md = (out / "results.md").read_text()
     table = [line for line in md.splitlines() if line.startswith(("| h1_l1 ", "| h2_l1 "))]
-    assert len(table) == 4 + 2  # one row per run, one per pair
+    assert len(table) == 4 + 2 + 4  # one row per run, one per pair, one Story Cloze row per run
     assert "epoch cap" in md and "python -m world_model.benchmark --preset" in md
     assert (out / "ls4_per_epoch.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert results["command"].startswith("python -m world_model.benchmark --preset " + str(preset))
     assert results["corpus_statistics"]["train_stories"] == 40 and results["validation_windows"] == 10
     assert results["machine"]["torch"] == torch.__version__ and results["machine"]["torch_threads"] >= 1
+
+
+def test_floors_and_story_cloze_are_in_the_reports(finished, data_dir):
+    out, results = finished
+    floors = results["floors"]
+    assert [f["floor"] for f in floors["rows"]] == list(FLOORS)
+    assert floors["train_windows"] == 24 and floors["selection"]["heldout_windows"] == 3  # the runs' windows, last 10%
+    corpus = load_corpus(data_dir)
+    vocab = build_vocabulary(corpus)
+    _, report = floor_report(encode_windows(corpus.train[:24], vocab), encode_windows(corpus.validation, vocab), len(vocab))
+    for f in floors["rows"]:
+        assert f["val_last_ce"] == pytest.approx(report[f["floor"]]["val_last_ce"], rel=1e-12)
+        assert list(f["story_cloze"]) == ["val", "test"] and f["story_cloze"]["val"]["stories"] == 5
+    halves = load_cloze_halves(data_dir)
+    for r in results["runs"]:
+        best = out / r["run_dir"] / "best"
+        expected = sc.story_cloze(sc.model_scorer(load_model(best)), halves, Vocabulary.load(best))
+        assert r["story_cloze"] == expected and set(expected["test"]) == {"summed", "per_token", "stories"}
+    md = (out / "results.md").read_text()
+    assert "## Count floors (training data only)" in md and "## Story Cloze accuracy" in md
+    assert sum(line.startswith("| floor: ") for line in md.splitlines()) == len(FLOORS)
+    assert "GPT-1 (Radford et al., 2018) 86.5%" in md
 
 
 def test_delta_and_time_ratio_come_from_the_runs_own_summaries(finished):

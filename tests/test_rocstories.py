@@ -142,6 +142,7 @@ def test_find_split_files_errors_name_folder_and_expected_files(tmp_path):
     write_csv(tmp_path / VAL_NAME, CLOZE_COLUMNS, CLOZE_ROWS)
     with pytest.raises(DataError, match="no train file"):
         find_split_files(tmp_path)
+    assert [p.name for p in find_split_files(tmp_path, ("validation",))["validation"]] == [VAL_NAME]  # only what is asked for
 
 
 def test_load_corpus_drops_duplicate_training_ids(tmp_path, caplog):

@@ -18,6 +18,7 @@ from world_model import train as train_mod
 from world_model.checkpoint import CheckpointError
 from world_model.config_io import ConfigError, load_config, validate_config
 from world_model.evaluate import main as evaluate_main
+from world_model.floors import FLOORS
 from world_model.four_tensor import FourTensorModel
 from world_model.models import MODEL_TYPES, build_model, load_model, model_vocab_size
 from world_model.rocstories import CLOZE_COLUMNS, TRAIN_COLUMNS, DataError
@@ -385,14 +386,25 @@ def test_evaluate_cli_matches_the_best_epoch(reference, data_dir, tmp_path, caps
     assert result["val_token_accuracy"] == best["val_token_accuracy"]
     assert (result["validation_windows"], result["model_type"], result["parameters"]) == (10, "four_tensor", summary["parameters"])
     assert result["last_tokens"] == summary["corpus_statistics"]["validation_last_sentence_tokens"]
-    assert "val_last_ce" in capsys.readouterr().out
+    # the floors beside the model, fitted on the folder's 40 training stories, and Story Cloze for both halves
+    floors = result["floors"]
+    assert floors["train_windows"] == 40 and floors["selection"]["heldout_windows"] == 4
+    assert all(floors[name]["last_tokens"] == result["last_tokens"] for name in FLOORS)
+    cloze = result["story_cloze"]
+    assert list(cloze) == ["model", *FLOORS, "references"] and cloze["references"]["GPT-1 (Radford et al., 2018)"] == 0.865
+    assert all(list(cloze[name]) == ["val", "test"] and cloze[name]["test"]["stories"] == 5 for name in ("model", *FLOORS))
+    printed = capsys.readouterr().out
+    assert "val_last_ce" in printed and "position_unigram_copy" in printed and "Story Cloze accuracy" in printed
 
     # words the checkpoint never saw are scored as <unk> and counted
     other = tmp_path / "other"
     other.mkdir()
     write_csv(other / VAL_NAME, CLOZE_COLUMNS, [["z1", "Zed flew.", "Zed ran.", "Tom sat.", "Ann ate.", "Bob sang home.", "Sue ran.", "1"]])
     assert evaluate_main(["--checkpoint", str(out / "best"), "--data", str(other), "--out", str(result_path), "--device", "cpu"]) == 0
-    assert json.loads(result_path.read_text())["unknown_tokens"] == 3  # zed, flew, zed
+    other_result = json.loads(result_path.read_text())
+    assert other_result["unknown_tokens"] == 3  # zed, flew, zed
+    assert other_result["floors"] is None and list(other_result["story_cloze"]) == ["model", "references"]  # no training file
+    assert "floors: none (no training file" in capsys.readouterr().out
     assert evaluate_main(["--checkpoint", str(tmp_path), "--data", str(data_dir)]) == 1
 
 

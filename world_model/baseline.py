@@ -524,7 +524,7 @@ class BaselineModel(PretrainedMixin, nn.Module):
     def score_sentences(self, token_ids: torch.Tensor, candidates: torch.Tensor,
                         chunk_rows: int | None = None) -> torch.Tensor:
         """Teacher-forced log-likelihood of each candidate as the next sentence: window (B, T', N) with
-        1 <= T' <= T, candidates (C, N) -> scores (B, C).
+        1 <= T' <= T, candidates (C, N) shared by every window or (B, C, N), window b's own -> scores (B, C).
 
         scores[b, c] = sum_k log softmax(logits)[gold_k] over the candidate's span exactly as `pack` builds a
         training target: its non-padding ids in order, then [EOS]. Training (`pack`, `training_step`) puts
@@ -552,13 +552,17 @@ class BaselineModel(PretrainedMixin, nn.Module):
         self.check_window(token_ids)
         if not isinstance(candidates, torch.Tensor):
             raise ValueError(f"candidates must be a (C, N={c.n_tokens}) tensor of token ids, got {type(candidates).__name__}")
-        check_candidates(candidates, c.n_tokens, c.padding_idx, c.content_vocab_size)
+        per_window = candidates.dim() == 3
+        if per_window and candidates.shape[0] != token_ids.shape[0]:
+            raise ValueError(f"per-window candidates (B, C, N) need B = {token_ids.shape[0]} windows, got shape {tuple(candidates.shape)}")
+        C = candidates.shape[-2] if candidates.dim() >= 2 else 0
+        check_candidates(candidates.flatten(0, 1) if per_window else candidates, c.n_tokens, c.padding_idx, c.content_vocab_size)
         device = token_ids.device
-        cand = candidates.to(device).long()
+        cand = candidates.flatten(0, 1).to(device).long() if per_window else candidates.to(device).long()
         prefix, prefix_len = self.pack_prefix(token_ids)  # (B, Lp), (B,)
-        gold, gold_len = compact(cand, cand != c.padding_idx, c.padding_idx, tail=c.eos_id)  # (C, G), (C,)
-        B, C, G = prefix.shape[0], cand.shape[0], gold.shape[1]  # G >= 2: one content id, then [EOS]
-        gold_live = torch.arange(G, device=device)[None, :] < gold_len[:, None]  # (C, G)
+        gold, gold_len = compact(cand, cand != c.padding_idx, c.padding_idx, tail=c.eos_id)  # (C or B * C, G) and lengths
+        B, G = prefix.shape[0], gold.shape[1]  # G >= 2: one content id, then [EOS]
+        gold_live = torch.arange(G, device=device)[None, :] < gold_len[:, None]
         fed, targets, later_live = gold[:, :-1], gold[:, 1:], gold_live[:, 1:]  # (C, G - 1) each
         L = prefix.shape[1] + G  # longest packed sequence, prefix + span, <= max_len
         if chunk_rows is None:  # per (window, candidate) row: the span's MLP and readout, its copy of the cache
@@ -570,11 +574,13 @@ class BaselineModel(PretrainedMixin, nn.Module):
         for w0 in range(0, B, group):
             lens = prefix_len[w0 : w0 + group]  # (B_w,)
             logits, cache = self.prefill(prefix[w0 : w0 + group, : int(lens.max())], lens)  # each prefix once
-            first = logits.log_softmax(dim=-1)[:, gold[:, 0]]  # (B_w, C) log p(first gold token | prefix)
-            Bw, rest = first.shape[0], []
+            Bw, rest = logits.shape[0], []
+            rows = torch.arange(Bw * C, device=device)  # (window, candidate) row b * C + c of this group
+            gold_row = rows + w0 * C if per_window else rows % C  # its candidate's row of `gold`
+            first = logits.log_softmax(dim=-1).gather(1, gold[gold_row, 0].view(Bw, C))  # (B_w, C) log p(first gold token | prefix)
             for start in range(0, Bw * C, chunk_rows):
-                flat = torch.arange(start, min(start + chunk_rows, Bw * C), device=device)  # (R,) row b * C + c
-                b, k = flat // C, flat % C
+                flat = rows[start : start + chunk_rows]  # (R,)
+                b, k = flat // C, gold_row[flat]
                 log_probs = self.extend_many(cache.select(b), fed[k]).log_softmax(dim=-1)  # (R, G - 1, V)
                 picked = log_probs.gather(-1, targets[k][..., None])[..., 0]  # (R, G - 1)
                 rest.append(torch.where(later_live[k], picked, picked.new_zeros(())).sum(dim=1))

@@ -22,9 +22,11 @@ compared with the pair's run of the same type, its reference; see world_model/at
 OUT receives
     runs/<pair>_<model>/   the training runs (see world_model/train.py)
     results.json           everything: per-run metrics and per-epoch histories, per-pair differences and time
-                           ratios, the paper-preset parameter check, the command, the corpus, the machine
-    results.md             the tables (the layout of the paper's Table 5) and notes
-    ls4_per_epoch.png      the paper's Figure 2: L_S(4) per epoch of both models, one panel per pair
+                           ratios, the paper-preset parameter check, the command, the corpus, the machine, the count
+                           floors (world_model/floors.py, fitted on the runs' training windows) and the Story Cloze
+                           accuracy of every run's selected checkpoint and of every floor (world_model/story_cloze.py)
+    results.md             the tables (the layout of the paper's Table 5), the floors, Story Cloze and notes
+    ls4_per_epoch.png      the paper's Figure 2: L_S(4) per epoch of both models, one panel per pair, floors as lines
     ls4_vs_attention_params.png   with variants only: L_S(4) against attention parameters, the Pareto front
 
 Budget. `--max-minutes M` (or the preset's budget.max_minutes) is the time of the whole command. Before
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import os
@@ -59,12 +62,16 @@ import yaml
 
 from world_model import attention_benchmark as attn
 from world_model import seed_stats
+from world_model import story_cloze as sc
 from world_model import train as train_mod
-from world_model.checkpoint import CheckpointError, write_json_atomic
+from world_model.checkpoint import WEIGHTS_NAME, CheckpointError, write_json_atomic
 from world_model.config_io import ConfigError, validate_config
-from world_model.models import build_model, count_parameters, model_vocab_size
+from world_model.floors import FLOORS, floor_report
+from world_model.models import build_model, count_parameters, load_model, model_vocab_size
 from world_model.rocstories import DataError, build_vocabulary, corpus_statistics, encode_windows, find_split_files, load_corpus
-from world_model.train import METRICS_FILE, RUN_FILE, RUN_MARKERS, SUMMARY_FILE, TrainingError, config_differences
+from world_model.rocstories import CLOZE_PATTERN, load_cloze_halves
+from world_model.train import BEST_DIR, METRICS_FILE, RUN_FILE, RUN_MARKERS, SUMMARY_FILE, TrainingError, config_differences
+from world_model.vocab import Vocabulary
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "benchmark"
 MODELS = ("four_tensor", "baseline")  # run order within a pair
@@ -315,8 +322,46 @@ def run_record(pair: str, model_type: str, folder: Path, out: Path, extra: dict)
         "lowest_val_last_ce": lowest.get("val_last_ce"), "lowest_val_last_ce_epoch": lowest.get("epoch"),
         "resumed_from_epoch": s.get("resumed_from_epoch"),
         "config": s["config"], "train_subset": s.get("train_subset"), "vocab_size": s["corpus_statistics"]["vocab_size"],
+        "story_cloze": run_story_cloze(folder / BEST_DIR, s["data_dir"]),
         "history": history, **extra,
     }
+
+
+def run_story_cloze(checkpoint: Path, data_dir: str) -> dict | None:
+    """Story Cloze accuracy {half: {"summed", "per_token", "stories"}} of a run's selected checkpoint, or None when
+    it has none or `data_dir` holds no Story Cloze file. Computed once per saved checkpoint (rows are rebuilt after
+    every run)."""
+    weights = checkpoint / WEIGHTS_NAME
+    if not weights.is_file() or not any(Path(data_dir).glob(CLOZE_PATTERN)):
+        return None
+    return _story_cloze(str(checkpoint), weights.stat().st_mtime_ns, str(data_dir))
+
+
+@functools.lru_cache(maxsize=None)
+def _story_cloze(checkpoint: str, stamp: int, data_dir: str) -> dict:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = load_model(checkpoint, device=device)
+    return sc.story_cloze(sc.model_scorer(model), load_cloze_halves(data_dir), Vocabulary.load(checkpoint),
+                          getattr(model.config, "n_tokens", 16))
+
+
+def floor_records(results: dict) -> dict:
+    """The count floors of the benchmark: fitted on the runs' training windows (their settings chosen on the last
+    10% of them), measured on the validation windows, with their Story Cloze accuracy.
+
+    {"train_windows", "selection", "rows": [{"floor", "alpha", "copy_weight", "heldout_last_ce", "val_last_ce",
+    "val_token_accuracy", "last_tokens", "story_cloze"}]}."""
+    data_dir, k = results["data_dir"], results["settings"]["train_subset"]
+    spec = results["preset"]
+    n_tokens = run_config(spec, next(iter(spec["pairs"])), MODELS[0])["model"]["n_tokens"]
+    corpus = load_corpus(data_dir)
+    vocab = build_vocabulary(corpus)
+    train_windows = encode_windows(corpus.train[:k] if k else corpus.train, vocab, n_tokens)
+    floors, report = floor_report(train_windows, encode_windows(corpus.validation, vocab, n_tokens), len(vocab))
+    halves = load_cloze_halves(data_dir)
+    return {"train_windows": report["train_windows"], "selection": report["selection"],
+            "rows": [{"floor": name, **report[name], "story_cloze": sc.story_cloze(sc.floor_scorer(floors[name]), halves, vocab, n_tokens)}
+                     for name in FLOORS]}
 
 
 def difference(a: float | None, b: float | None) -> float | None:
@@ -516,7 +561,7 @@ def write_markdown(results: dict, path: Path) -> None:
                      f"{fmt(fb['lowest_val_last_ce'], '.4f')} (ep {fb['lowest_val_last_ce_epoch']}) ({fmt(p['delta_lowest_last_ce'], '+.4f')}) | "
                      f"{fmt(p['time_to_best_ratio'], '.2f')} | {fmt(p['total_time_ratio'], '.2f')} | {fmt(p['parameter_ratio'], '.3f')} | "
                      f"{'yes' if p['matched'] else 'NO'} |")
-    lines += seed_lines(results)
+    lines += seed_lines(results) + floor_markdown_lines(results) + story_cloze_markdown_lines(results)
     lines += ["", f"![L_S(4) per epoch]({FIGURE})"]
     if results.get("attention"):
         lines += attn.markdown_lines(results)
@@ -538,8 +583,45 @@ def write_markdown(results: dict, path: Path) -> None:
     path.write_text("\n".join(lines), encoding="utf-8")
 
 
+def floor_markdown_lines(results: dict) -> list[str]:
+    """The count floors' table: what a predictor that learns nothing about stories scores on the same tokens."""
+    floors = results.get("floors")
+    if not floors:
+        return []
+    sel = floors["selection"]
+    lines = ["", "## Count floors (training data only)", "",
+             f"Count predictors of S(4)'s tokens fitted on the same {floors['train_windows']} training windows as the runs; "
+             f"smoothing and copy weight chosen on the last {sel['heldout_windows']} of them (held out, {sel['heldout_fraction']:g}), "
+             "then refitted on all; scored on the validation tokens of the table above (world_model/floors.py).", "",
+             "| floor | alpha | copy weight | held-out L_S(4) | L_S(4) | token acc. | perplexity |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for f in floors["rows"]:
+        lines.append(f"| {f['floor']} | {f['alpha']:g} | {f['copy_weight']:g} | {f['heldout_last_ce']:.4f} | {f['val_last_ce']:.4f} | "
+                     f"{f['val_token_accuracy']:.4f} | {math.exp(f['val_last_ce']):.1f} |")
+    return lines
+
+
+def story_cloze_markdown_lines(results: dict) -> list[str]:
+    """Story Cloze accuracy of every run's selected checkpoint and of the floors, beside the published points."""
+    rows = [(f"{r['pair']} {MODEL_LABELS[r['model_type']]}" + (f" {r['variant']}" if r.get("variant") else ""), r.get("story_cloze"))
+            for r in results["runs"] + results.get("variants", [])]
+    rows += [(f"floor: {f['floor']}", f["story_cloze"]) for f in (results.get("floors") or {}).get("rows", [])]
+    halves = next((list(c) for _, c in rows if c), [])
+    if not halves:
+        return []
+    lines = ["", "## Story Cloze accuracy", "",
+             "The right one of the two endings, picked by its S(4) log-likelihood given S(0..3): summed over its tokens, or "
+             "per token (world_model/story_cloze.py). Published: " + ", ".join(f"{k} {v:.1%}" for k, v in sc.REFERENCES.items()) + ".", "",
+             "| model | " + " | ".join(f"{h} summed | {h} per token" for h in halves) + " |",
+             "|---|" + "---:|---:|" * len(halves)]
+    for label, c in rows:
+        lines.append(f"| {label} | " + " | ".join(f"{c[h]['summed']:.1%} | {c[h]['per_token']:.1%}" if c and h in c else "— | —"
+                                                  for h in halves) + " |")
+    return lines
+
+
 def plot_ls4(results: dict, path: Path) -> None:
-    """The paper's Figure 2: L_S(4) per logged epoch of both models, one panel per pair, selected epochs marked."""
+    """The paper's Figure 2: L_S(4) per logged epoch of both models, one panel per pair, selected epochs marked,
+    the count floors as horizontal lines."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -558,6 +640,8 @@ def plot_ls4(results: dict, path: Path) -> None:
                 ax.plot([r["best_epoch"]], [r["val_last_ce"]], "*", markersize=14, color=colors[r["model_type"]],
                         markeredgecolor="black", label=f"selected epoch {r['best_epoch']} ({r['stopped_by']})")
             ax.set_title(f"{pair}: H = {r['n_heads']}, L = {r['n_layers']}")
+        for f, style in zip((results.get("floors") or {}).get("rows", []), (":", "--", "-.")):
+            ax.axhline(f["val_last_ce"], color="gray", linestyle=style, linewidth=1, label=f"floor: {f['floor']} ({f['val_last_ce']:.2f})")
         ax.set_xlabel("epoch")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("validation $L_{S(4)}$ (nats / token)")
@@ -571,6 +655,8 @@ def plot_ls4(results: dict, path: Path) -> None:
 
 
 def write_reports(results: dict, out: Path) -> None:
+    if "floors" not in results:  # fitted once, the first time the reports are written
+        results["floors"] = floor_records(results)
     results["notes"] = notes_for(results)
     write_json_atomic(out / RESULTS_JSON, results)
     write_markdown(results, out / RESULTS_MD)
@@ -804,6 +890,8 @@ def print_summary(results: dict, out: Path) -> None:
               f"(Δ {fmt(a['delta_percent'], '+.2f')}%)" + (", Pareto" if a.get("pareto") else ""))
     for note in attn.target_notes(results.get("attention_target", [])):
         print(f"  {note}")
+    for f in (results.get("floors") or {}).get("rows", []):
+        print(f"  floor {f['floor']}: L_S(4) {f['val_last_ce']:.4f}, acc {f['val_token_accuracy']:.4f}")
     for c in results["paper_parameter_check"]:
         print(f"  paper preset {c['pair']:>6} {MODEL_LABELS[c['model_type']]:>8}: {c['parameters']:,} = {c['parameters_m']:.1f}M "
               f"(paper {c['paper_m']}M) {'ok' if c['match'] else 'MISMATCH'}")

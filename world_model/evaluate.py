@@ -7,6 +7,10 @@ Reported, on the validation windows (S, 5, 16):
     val_last_ce         L_S(4): mean cross-entropy of the non-padding tokens of S(4)
     val_token_accuracy  argmax match rate on those tokens
     val_perplexity      exp(L_S(4))
+    floors              the count floors of world_model/floors.py beside them (L_S(4), token accuracy; fitted on the
+                        training stories of DATA_DIR, none when it holds no ROCStories*.csv)
+    story_cloze         Story Cloze accuracy (val and test halves; summed and per-token ending log-likelihood) of the
+                        model and the floors, with the published reference points (world_model/story_cloze.py)
 
 `evaluate_windows` is the one evaluation routine; training calls it (through `evaluation_sums`) every epoch.
 """
@@ -22,10 +26,13 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from world_model import story_cloze as sc
 from world_model.checkpoint import CheckpointError, write_json_atomic
+from world_model.floors import FLOORS, floor_report
 from world_model.models import count_parameters, load_model
 from world_model.precision import autocast
-from world_model.rocstories import CLOZE_PATTERN, STORY_SENTENCES, DataError, Story, read_cloze_csv
+from world_model.rocstories import (CLOZE_PATTERN, STORY_SENTENCES, TRAIN_PATTERN, DataError, Story, encode_windows,
+                                    load_cloze_halves, load_corpus, read_cloze_csv)
 from world_model.vocab import Vocabulary
 
 SUM_KEYS = ("window_ce_sum", "window_tokens", "last_ce_sum", "last_correct", "last_tokens")
@@ -113,6 +120,9 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data_dir: str | os.PathLi
     vocab = Vocabulary.load(Path(checkpoint))
     windows, stats = encode_stories(load_validation_stories(data_dir), vocab, getattr(model.config, "n_tokens", 16))
     metrics = evaluate_windows(model, windows, batch_size, device)
+    n = windows.shape[2]
+    halves = load_cloze_halves(data_dir)
+    floors, floor_rows = fitted_floors(data_dir, vocab, windows)
     return {
         "val_last_ce": metrics["val_last_ce"],
         "val_token_accuracy": metrics["val_token_accuracy"],
@@ -124,7 +134,45 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data_dir: str | os.PathLi
         "checkpoint": str(checkpoint),
         "model_type": model.config.to_dict()["model_type"],
         "parameters": count_parameters(model),
+        "floors": floor_rows,
+        "story_cloze": {"model": sc.story_cloze(sc.model_scorer(model, batch_size), halves, vocab, n),
+                        **{name: sc.story_cloze(sc.floor_scorer(floor), halves, vocab, n) for name, floor in floors.items()},
+                        "references": sc.REFERENCES},
     }
+
+
+def fitted_floors(data_dir: str | os.PathLike, vocab: Vocabulary, val_windows: torch.Tensor) -> tuple[dict, dict | None]:
+    """The floors fitted on the training stories of `data_dir` (encoded with `vocab`) and measured on `val_windows`:
+    ({name: CountFloor}, their report), or ({}, None) when `data_dir` holds no training file."""
+    if not any(Path(data_dir).glob(TRAIN_PATTERN)):
+        return {}, None
+    train_windows = encode_windows(load_corpus(data_dir).train, vocab, val_windows.shape[2])
+    return floor_report(train_windows, val_windows, len(vocab))
+
+
+def print_result(result: dict) -> None:
+    """The metrics, then the floors beside the model and the Story Cloze accuracies."""
+    for key, value in result.items():
+        if not isinstance(value, dict) and value is not None:
+            print(f"{key}: {value:.6f}" if isinstance(value, float) else f"{key}: {value}")
+    floors = result["floors"]
+    if floors is None:
+        print("floors: none (no training file ROCStories*.csv in the data folder)")
+    else:
+        sel = floors["selection"]
+        print(f"floors on the same validation tokens (fitted on {floors['train_windows']} training windows; settings chosen on the "
+              f"last {sel['heldout_windows']} of them, held out):")
+        for name in FLOORS:
+            f = floors[name]
+            print(f"  {name:<22} L_S(4) {f['val_last_ce']:.4f}  token accuracy {f['val_token_accuracy']:.4f}  "
+                  f"(alpha {f['alpha']:g}" + (f", copy weight {f['copy_weight']:g})" if f["copy_weight"] else ")"))
+        print(f"  {'model':<22} L_S(4) {result['val_last_ce']:.4f}  token accuracy {result['val_token_accuracy']:.4f}")
+    print("Story Cloze accuracy (right ending by S(4) log-likelihood; summed / per token):")
+    for name, halves in result["story_cloze"].items():
+        if name != "references":
+            print(f"  {name:<22} " + "  ".join(f"{half} {h['summed']:.3f} / {h['per_token']:.3f} ({h['stories']} stories)"
+                                               for half, h in halves.items()))
+    print("  published: " + ", ".join(f"{k} {v:.3f}" for k, v in result["story_cloze"]["references"].items()))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -142,8 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (DataError, CheckpointError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    for key, value in result.items():
-        print(f"{key}: {value:.6f}" if isinstance(value, float) else f"{key}: {value}")
+    print_result(result)
     if result["unknown_tokens"]:
         print(f"note: {result['unknown_tokens']} validation token(s) are not in the checkpoint's vocabulary (scored as <unk>)")
     if args.out:

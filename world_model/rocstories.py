@@ -107,28 +107,74 @@ def read_training_csv(path: str | os.PathLike) -> list[Story]:
     ]
 
 
-def read_cloze_csv(path: str | os.PathLike) -> list[Story]:
-    """Stories of a Story Cloze file: sentences 1-4, then the ending named by
-    ``AnswerRightEnding`` (1 or 2)."""
-    stories = []
+@dataclass(frozen=True)
+class ClozeStory:
+    """One Story Cloze item: four context sentences, two candidate endings, the right one's index (0 or 1)."""
+
+    story_id: str
+    context: tuple[str, ...]
+    endings: tuple[str, str]
+    answer: int
+
+    def story(self) -> Story:
+        """The validation story: the context, then the right ending as sentence 5."""
+        return Story(self.story_id, self.context + (self.endings[self.answer],))
+
+
+def read_cloze_endings(path: str | os.PathLike) -> list[ClozeStory]:
+    """Items of a Story Cloze file with both endings (``RandomFifthSentenceQuiz1/2``) and the right one
+    (``AnswerRightEnding``, 1 or 2, stored as index 0 or 1)."""
+    items = []
     for where, row in _read_rows(path, CLOZE_COLUMNS):
         answer = row["AnswerRightEnding"]
         if answer not in ("1", "2"):
             raise DataError(f"{where}: AnswerRightEnding is {answer!r}, expected 1 or 2")
-        ending = row[f"RandomFifthSentenceQuiz{answer}"]
-        stories.append(Story(row["InputStoryid"], tuple(row[f"InputSentence{i}"] for i in range(1, 5)) + (ending,)))
-    return stories
+        items.append(ClozeStory(row["InputStoryid"], tuple(row[f"InputSentence{i}"] for i in range(1, 5)),
+                                (row["RandomFifthSentenceQuiz1"], row["RandomFifthSentenceQuiz2"]), int(answer) - 1))
+    return items
 
 
-def find_split_files(data_dir: str | os.PathLike) -> dict[str, list[Path]]:
-    """Sorted ``{"train": ROCStories*.csv, "validation": cloze_test_*.csv}`` files of ``data_dir``."""
+def read_cloze_csv(path: str | os.PathLike) -> list[Story]:
+    """Stories of a Story Cloze file: sentences 1-4, then the ending named by
+    ``AnswerRightEnding`` (1 or 2)."""
+    return [item.story() for item in read_cloze_endings(path)]
+
+
+def cloze_half(path: str | os.PathLike) -> str:
+    """The half a Story Cloze file holds, from its official name: ``cloze_test_val__...`` -> ``"val"``,
+    ``cloze_test_test__...`` -> ``"test"``; any other name -> the file's stem."""
+    name = Path(path).name
+    half = name[len("cloze_test_"):].split("__")[0] if name.startswith("cloze_test_") else ""
+    return half if half in ("val", "test") else Path(path).stem
+
+
+def load_cloze_halves(data_dir: str | os.PathLike) -> dict[str, list[ClozeStory]]:
+    """``{half: items}`` of every ``cloze_test_*.csv`` of ``data_dir``, the val half first, then the test half."""
+    halves: dict[str, list[ClozeStory]] = {}
+    for path in find_split_files(data_dir, ("validation",))["validation"]:
+        half = cloze_half(path)
+        if half in halves:
+            raise DataError(f"{data_dir}: two Story Cloze files hold the {half!r} half")
+        halves[half] = read_cloze_endings(path)
+    order = {"val": 0, "test": 1}
+    return dict(sorted(halves.items(), key=lambda item: order.get(item[0], 2)))
+
+
+def encode_cloze(items: Sequence[ClozeStory], vocab: Vocabulary, n: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Story Cloze items -> context ``(S, 4, n)``, endings ``(S, 2, n)`` and right-ending index ``(S,)``."""
+    context = vocab.encode_batch([s for item in items for s in item.context], n).reshape(len(items), 4, n)
+    endings = vocab.encode_batch([e for item in items for e in item.endings], n).reshape(len(items), 2, n)
+    return context, endings, torch.tensor([item.answer for item in items], dtype=torch.long)
+
+
+def find_split_files(data_dir: str | os.PathLike, splits: Sequence[str] = ("train", "validation")) -> dict[str, list[Path]]:
+    """Sorted ``{"train": ROCStories*.csv, "validation": cloze_test_*.csv}`` files of ``data_dir``
+    (only the ``splits`` asked for; each must have at least one file)."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise DataError(f"{data_dir}: no such folder; expected it to hold {EXPECTED_FILES}")
-    files = {
-        "train": sorted(data_dir.glob(TRAIN_PATTERN)),
-        "validation": sorted(data_dir.glob(CLOZE_PATTERN)),
-    }
+    patterns = {"train": TRAIN_PATTERN, "validation": CLOZE_PATTERN}
+    files = {split: sorted(data_dir.glob(patterns[split])) for split in splits}
     for split, found in files.items():
         if not found:
             raise DataError(f"{data_dir}: no {split} file found; expected {EXPECTED_FILES}")

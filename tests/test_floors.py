@@ -1,0 +1,122 @@
+"""Count floors (world_model/floors.py) against values computed by hand, and their selection on training data only."""
+
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+
+from world_model import floors as fl
+
+V = 5  # 0 padding, 1 unknown, 2..4 words
+# Two training windows of five sentences, N = 2 slots.
+TRAIN = torch.tensor([
+    [[2, 3], [2, 0], [4, 3], [2, 3], [3, 0]],
+    [[3, 2], [4, 4], [2, 0], [3, 3], [2, 4]],
+])
+# Counted by hand over all five sentences (padding left out), per slot and id 1..4.
+SLOT_COUNTS = [{1: 0, 2: 5, 3: 3, 4: 2}, {1: 0, 2: 1, 3: 4, 4: 2}]
+# Three validation windows: context S(0..3), then S(4).
+VAL = torch.tensor([
+    [[2, 3], [4, 0], [3, 3], [2, 0], [3, 4]],  # context tokens 2 3 4 3 3 2: copy(3) = 3/6, copy(4) = 1/6
+    [[4, 2], [4, 0], [2, 2], [4, 4], [2, 0]],  # 4 2 4 2 2 4 4: copy(2) = 3/7
+    [[4, 4], [4, 4], [4, 0], [0, 0], [4, 0]],  # only 4: copy(4) = 1
+])
+ALPHA, WEIGHT = Fraction(1, 2), Fraction(1, 3)  # no ties among the argmax candidates
+
+
+def by_hand(name: str, context: list[list[int]], slot: int, v: int) -> Fraction:
+    """p(v at slot | context) from the hand counts, add-ALPHA over the 4 ids but padding."""
+    counts = SLOT_COUNTS[slot] if name != "unigram" else {u: SLOT_COUNTS[0][u] + SLOT_COUNTS[1][u] for u in range(1, V)}
+    p = (counts[v] + ALPHA) / (sum(counts.values()) + 4 * ALPHA)
+    if name == "position_unigram_copy":
+        tokens = [t for sentence in context for t in sentence if t != 0]
+        p = (1 - WEIGHT) * p + WEIGHT * Fraction(tokens.count(v), len(tokens))
+    return p
+
+
+@pytest.mark.parametrize("name", fl.FLOORS)
+def test_floors_match_hand_computed_values(name):
+    floor = fl.CountFloor.fit(name, fl.slot_counts(TRAIN, V), float(ALPHA), float(WEIGHT) if name.endswith("copy") else 0.0)
+    log_sum, correct, tokens = 0.0, 0, 0
+    for window in VAL.tolist():
+        context, target = window[:4], window[4]
+        for slot, v in enumerate(target):
+            if v == 0:
+                continue
+            probs = {u: by_hand(name, context, slot, u) for u in range(1, V)}
+            assert sum(probs.values()) == 1
+            log_sum += math.log(probs[v])
+            correct += max(probs, key=probs.get) == v
+            tokens += 1
+    m = fl.floor_metrics(floor, VAL)
+    assert m["last_tokens"] == tokens == 4
+    assert m["last_ce"] == pytest.approx(-log_sum / tokens, rel=1e-12)
+    assert m["token_accuracy"] == correct / tokens
+
+
+def test_hand_values_spelled_out():
+    """The numbers above, one by one, for the first validation target (id 3 at slot 0)."""
+    counts = fl.slot_counts(TRAIN, V)
+    assert counts[0, 1:].tolist() == [0, 5, 3, 2] and counts[1, 1:].tolist() == [0, 1, 4, 2]
+    target = VAL[:1, 4]
+    unigram = fl.CountFloor.fit("unigram", counts, 0.5).token_probs(VAL[:1, :4], target)
+    position = fl.CountFloor.fit("position_unigram", counts, 0.5).token_probs(VAL[:1, :4], target)
+    copy = fl.CountFloor.fit("position_unigram_copy", counts, 0.5, 1 / 3).token_probs(VAL[:1, :4], target)
+    assert unigram[0, 0].item() == pytest.approx(7.5 / 19)  # (3 + 4 + 1/2) / (17 + 2)
+    assert position[0, 0].item() == pytest.approx(3.5 / 12)  # (3 + 1/2) / (10 + 2)
+    assert copy[0, 0].item() == pytest.approx(2 / 3 * 3.5 / 12 + 1 / 3 * 3 / 6)
+    # accuracy: the copy floor gets window 3 right (4 fills its context), the position floor predicts 2 there
+    position_pred = fl.CountFloor.fit("position_unigram", counts, 0.5).predictions(VAL[:, :4])
+    copy_pred = fl.CountFloor.fit("position_unigram_copy", counts, 0.5, 1 / 3).predictions(VAL[:, :4])
+    assert position_pred[2, 0].item() == 2 and copy_pred[2, 0].item() == 4
+
+
+def test_padding_is_never_predicted_and_an_empty_context_copies_nothing():
+    floor = fl.CountFloor.fit("position_unigram_copy", fl.slot_counts(TRAIN, V), 0.5, 0.5)
+    assert (floor.table[:, 0] == 0).all() and torch.allclose(floor.table.sum(-1), torch.ones(2, dtype=torch.float64))
+    empty = torch.zeros(1, 4, 2, dtype=torch.long)
+    target = torch.tensor([[2, 0]])
+    position = fl.CountFloor.fit("position_unigram", fl.slot_counts(TRAIN, V), 0.5)
+    assert floor.token_probs(empty, target)[0, 0] == position.token_probs(empty, target)[0, 0]
+    assert floor.token_log_probs(empty, target)[0, 1] == 0  # padding target: not scored
+
+
+def random_windows(seed: int, s: int, n: int = 4, v: int = 12) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randint(1, v, (s, 5, n), generator=g)
+    return w.masked_fill(torch.rand(s, 5, n, generator=g) < 0.3, 0)
+
+
+def test_selection_reads_training_windows_only_and_minimises_the_heldout_loss():
+    train = random_windows(0, 40)
+    _, report_a = fl.floor_report(train, random_windows(1, 15), 12)
+    _, report_b = fl.floor_report(train, random_windows(2, 9), 12)
+    settings = lambda r: {k: (r[k]["alpha"], r[k]["copy_weight"], r[k]["heldout_last_ce"]) for k in fl.FLOORS}
+    assert settings(report_a) == settings(report_b)  # other validation windows, the same choice
+    assert report_a["selection"] == {"fit_windows": 36, "heldout_windows": 4, "heldout_fraction": 0.1}
+    fit, held = train[:36], train[36:]
+    counts = fl.slot_counts(fit, 12)
+    for name in ("unigram", "position_unigram"):
+        scores = {a: fl.floor_metrics(fl.CountFloor.fit(name, counts, a), held)["last_ce"] for a in fl.ALPHAS}
+        assert report_a[name]["alpha"] == min(scores, key=scores.get)
+    alpha = report_a["position_unigram"]["alpha"]
+    scores = {w: fl.floor_metrics(fl.CountFloor.fit("position_unigram_copy", counts, alpha, w), held)["last_ce"] for w in fl.COPY_WEIGHTS}
+    assert report_a["position_unigram_copy"]["copy_weight"] == min(scores, key=scores.get)
+    # the reported floors are refitted on all the training windows
+    floors = fl.select_floors(train, 12)["floors"]
+    assert torch.equal(floors["unigram"].table, fl.CountFloor.fit("unigram", fl.slot_counts(train, 12), report_a["unigram"]["alpha"]).table)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: fl.CountFloor.fit("bigram", fl.slot_counts(TRAIN, V), 0.5), "unknown floor"),
+    (lambda: fl.CountFloor.fit("unigram", fl.slot_counts(TRAIN, V), 0.0), "alpha must be > 0"),
+    (lambda: fl.CountFloor.fit("unigram", fl.slot_counts(TRAIN, V), 0.5, 0.3), "does not fit floor"),
+    (lambda: fl.CountFloor.fit("position_unigram_copy", fl.slot_counts(TRAIN, V), 0.5, 1.0), "does not fit floor"),
+    (lambda: fl.slot_counts(TRAIN[:, :4], V), r"\(S >= 1, 5, N\)"),
+    (lambda: fl.slot_counts(TRAIN, 4), "outside"),
+    (lambda: fl.select_floors(TRAIN[:1], V), "cannot hold out"),
+])
+def test_bad_input_is_a_clear_error(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
