@@ -3,6 +3,7 @@
 import json
 import shutil
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -204,11 +205,17 @@ def test_presets_share_the_paper_matching_rule():
             four, base = (bench.run_config(p, pair, t) for t in bench.MODELS)
             assert four["training"] == base["training"]
             assert all(four["model"][k] == base["model"][k] for k in bench.SHARED_MODEL_KEYS)
-            assert (four["training"]["lr"], four["training"]["weight_decay"], four["training"]["patience"],
-                    four["training"]["tolerance"], four["model"]["dropout"]) == (3e-4, 0.01, 5, 1.01, 0.1)
+            assert (four["training"]["weight_decay"], four["training"]["patience"], four["training"]["tolerance"],
+                    four["model"]["dropout"]) == (0.01, 5, 1.01, 0.1)
+    # the paper preset keeps section 8.2 exactly; the cpu preset documents its optimiser deviations
+    assert (paper["training"]["lr"], paper["training"].get("lr_schedule", "constant")) == (3e-4, "constant")
     assert (paper["model"]["d_x"], paper["model"]["d_t"], paper["training"]["max_epochs"]) == (64, 32, 100)
     assert (cpu["model"]["d_x"], cpu["model"]["d_t"]) == (16, 8)
-    assert cpu["budget"]["max_minutes"] <= 60 and cpu["budget"]["train_subset"] >= 1
+    # the cpu preset: the headline pair by default, all training stories, at least three seeds, the two extra rows
+    assert cpu["default_pairs"] == ["h4_l2"] and len(cpu["seeds"]) >= 3 and cpu["budget"]["train_subset"] is None
+    causal = bench.run_config(cpu, "h4_l2", "four_tensor", variant="causal")["model"]
+    copy = bench.run_config(cpu, "h4_l2", "four_tensor", variant="causal_copy")["model"]
+    assert causal["temporal_causal"] and not causal["copy_path"] and copy["temporal_causal"] and copy["copy_path"]
     assert paper["budget"] == {"train_subset": None, "max_minutes": None}
 
 
@@ -251,10 +258,13 @@ def test_the_budget_is_split_across_the_runs_left_and_leaves_room_for_one_epoch(
     monkeypatch.setattr(bench, "estimate_epoch_seconds", lambda config, *a, **k: 10.0)
     monkeypatch.setattr(train_mod, "train", lambda config, data, out, **kw: calls.append(kw["max_minutes"] * 60) or Path(out).mkdir(parents=True))
     monkeypatch.setattr(bench, "write_reports", lambda results, out: None)
+    clock = iter(range(1000, 10**6))  # the benchmark's clock: one second per reading, whatever the machine's load
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(monotonic=lambda: float(next(clock)), perf_counter=time.perf_counter))
     results = bench.run_benchmark(preset, data_dir, tmp_path / "out", max_minutes=4.0, progress=False)
-    assert [round(c) for c in calls] == [50, 70, 110, 230]
-    assert all(c <= expected for c, expected in zip(calls, [50, 70, 110, 230]))  # the set-up time counts against the budget
-    assert 59 < results["settings"]["share_minutes"] * 60 <= 60
+    # each reading of the clock is one second of set-up or bookkeeping, which counts against the budget: every share
+    # is a few seconds under the ideal one (60, 80, 120, 240 s less the estimated epoch), never above it
+    assert len(calls) == 4 and all(ideal - 15 < c <= ideal for c, ideal in zip(calls, [50, 70, 110, 230]))
+    assert 58 < results["settings"]["share_minutes"] * 60 < 60
 
 
 def test_a_time_budget_is_refused_with_several_processes(data_dir, preset, tmp_path, monkeypatch, capsys):
@@ -465,7 +475,10 @@ def test_a_bad_variant_is_an_error_when_the_preset_is_read(tmp_path, variant, er
 def test_the_attention_preset_spans_the_rank_settings_the_issue_asks_for():
     cpu, spec = bench.load_preset("cpu"), bench.load_preset("attention")
     assert spec["pairs"] == {"h4_l2": cpu["pairs"]["h4_l2"]}
-    assert (spec["model"], spec["training"], spec["budget"]["train_subset"]) == (cpu["model"], cpu["training"], cpu["budget"]["train_subset"])
+    # the model settings of the cpu preset; the optimiser and budget of the earlier cpu preset, which the committed
+    # attention results were trained with (3,000 stories, 5 epochs at the paper's 3e-4)
+    assert spec["model"] == cpu["model"]
+    assert (spec["training"]["lr"], spec["training"]["max_epochs"], spec["budget"]["train_subset"]) == (3e-4, 5, 3000)
     assert spec["budget"]["max_minutes"] <= 45
     dense = attn.config_attention_parameters(bench.run_config(spec, "h4_l2", "four_tensor")["model"], 100)
     ratios, kinds = [], set()

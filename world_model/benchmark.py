@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import json
 import math
 import os
@@ -83,6 +82,7 @@ PAIR_FIELDS = ("n_heads", "n_layers")
 SHARED_MODEL_KEYS = ("d_x", "d_t", "n_heads", "n_layers", "n_tokens", "n_states", "dropout")
 RESULTS_JSON, RESULTS_MD, FIGURE = "results.json", "results.md", "ls4_per_epoch.png"
 RUNS_DIR = "runs"
+STORY_CLOZE_FILE = "story_cloze.json"  # in a run folder: its selected checkpoint's Story Cloze accuracy
 EPOCH_OVERHEAD_S = 2.0  # per epoch: best/ and last/ checkpoints, metrics.jsonl, curves.png
 STOPPED_BY = {"patience": "rule (8.2)", "max_epochs": "epoch cap", "time_budget": "time budget", "non_finite_loss": "non-finite loss"}
 
@@ -322,27 +322,26 @@ def run_record(pair: str, model_type: str, folder: Path, out: Path, extra: dict)
         "lowest_val_last_ce": lowest.get("val_last_ce"), "lowest_val_last_ce_epoch": lowest.get("epoch"),
         "resumed_from_epoch": s.get("resumed_from_epoch"),
         "config": s["config"], "train_subset": s.get("train_subset"), "vocab_size": s["corpus_statistics"]["vocab_size"],
-        "story_cloze": run_story_cloze(folder / BEST_DIR, s["data_dir"]),
+        "story_cloze": run_story_cloze(folder, s["data_dir"]),
         "history": history, **extra,
     }
 
 
-def run_story_cloze(checkpoint: Path, data_dir: str) -> dict | None:
-    """Story Cloze accuracy {half: {"summed", "per_token", "stories"}} of a run's selected checkpoint, or None when
-    it has none or `data_dir` holds no Story Cloze file. Computed once per saved checkpoint (rows are rebuilt after
-    every run)."""
-    weights = checkpoint / WEIGHTS_NAME
+def run_story_cloze(folder: Path, data_dir: str) -> dict | None:
+    """Story Cloze accuracy {half: {"summed", "per_token", "stories"}} of a run's selected checkpoint, or None when it
+    has none or `data_dir` holds no Story Cloze file. Computed once and kept in the run folder (STORY_CLOZE_FILE, newer
+    than the checkpoint), so a finished run's row needs no checkpoint: the benchmark's light files suffice."""
+    cached, weights = folder / STORY_CLOZE_FILE, folder / BEST_DIR / WEIGHTS_NAME
+    if cached.is_file() and (not weights.is_file() or cached.stat().st_mtime_ns >= weights.stat().st_mtime_ns):
+        return json.loads(cached.read_text())
     if not weights.is_file() or not any(Path(data_dir).glob(CLOZE_PATTERN)):
         return None
-    return _story_cloze(str(checkpoint), weights.stat().st_mtime_ns, str(data_dir))
-
-
-@functools.lru_cache(maxsize=None)
-def _story_cloze(checkpoint: str, stamp: int, data_dir: str) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = load_model(checkpoint, device=device)
-    return sc.story_cloze(sc.model_scorer(model), load_cloze_halves(data_dir), Vocabulary.load(checkpoint),
-                          getattr(model.config, "n_tokens", 16))
+    model = load_model(folder / BEST_DIR, device=device)
+    result = sc.story_cloze(sc.model_scorer(model), load_cloze_halves(data_dir), Vocabulary.load(folder / BEST_DIR),
+                            getattr(model.config, "n_tokens", 16))
+    write_json_atomic(cached, result)
+    return result
 
 
 def floor_records(results: dict) -> dict:
