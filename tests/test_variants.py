@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from world_model.four_tensor import CopyPath, FourTensorConfig, FourTensorModel, temporal_causal_bias
-from world_model.kernels import linear_cross_entropy, linear_log_prob
+from world_model.kernels import linear_cross_entropy, linear_mixture_cross_entropy
 from tests.test_faithfulness import V, make_model, make_window
 
 
@@ -70,7 +70,7 @@ def test_copy_path_loss_is_the_mixture_cross_entropy():
     ref = F.nll_loss(log_p.reshape(-1, V), Y.reshape(-1), ignore_index=0)
     torch.testing.assert_close(stats.loss, ref, rtol=1e-5, atol=1e-6)
     last = log_p[:, :, -1][full[:, -1] != 0]
-    assert int(stats.last_correct) == int((last.argmax(-1) == full[:, -1][full[:, -1] != 0]).sum())
+    assert int(stats.last_correct) == int((last.argmax(-1) == full[:, -1][full[:, -1] != 0]).sum())  # eval mode
     torch.testing.assert_close(model.last_slice_logits(full[:, :-1]), log_p[:, :, -1])
 
 
@@ -145,18 +145,26 @@ def test_readout_matrix_is_cached_without_autograd_and_invalidated_by_updates():
 
 
 # ----- kernels in bf16 and the per-row log-probability -----
-def test_linear_log_prob_matches_autograd():
+def test_mixture_cross_entropy_matches_autograd():
     g = torch.Generator().manual_seed(0)
     X = torch.randn(37, 6, generator=g, dtype=torch.float64, requires_grad=True)
     M = torch.randn(6, 11, generator=g, dtype=torch.float64, requires_grad=True)
     target = torch.randint(0, 11, (37,), generator=g)
-    weights = torch.rand(37, generator=g, dtype=torch.float64)
-    (linear_log_prob(X, M, target, chunk=8) * weights).sum().backward()
-    gx, gm = X.grad.clone(), M.grad.clone()
-    X.grad = M.grad = None
-    ((X @ M).log_softmax(-1).gather(1, target[:, None])[:, 0] * weights).sum().backward()
-    torch.testing.assert_close(gx, X.grad)
-    torch.testing.assert_close(gm, M.grad)
+    a = torch.randn(37, generator=g, dtype=torch.float64).sigmoid().log().requires_grad_()
+    b = torch.randn(37, generator=g, dtype=torch.float64)
+    b[::5] = float("-inf")  # rows without the second part
+    b.requires_grad_()
+    ce_sum, ce = linear_mixture_cross_entropy(X, M, target, a, b, chunk=8)
+    (0.3 * ce_sum).backward()
+    grads = [t.grad.clone() for t in (X, M, a, b)]
+    for t in (X, M, a, b):
+        t.grad = None
+    vocab = a + (X @ M).log_softmax(-1).gather(1, target[:, None])[:, 0]
+    ref = -torch.logaddexp(vocab, b)
+    torch.testing.assert_close(ce, ref.detach())
+    (0.3 * ref.sum()).backward()
+    for mine, t in zip(grads, (X, M, a, b)):
+        torch.testing.assert_close(mine, t.grad)
 
 
 def test_bf16_cross_entropy_is_close_to_fp32_and_stays_fp32():

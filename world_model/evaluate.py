@@ -30,7 +30,7 @@ from world_model import story_cloze as sc
 from world_model.checkpoint import CheckpointError, write_json_atomic
 from world_model.floors import FLOORS, floor_report
 from world_model.models import count_parameters, load_model
-from world_model.precision import autocast
+from world_model.precision import PRECISIONS, autocast
 from world_model.rocstories import (CLOZE_PATTERN, STORY_SENTENCES, TRAIN_PATTERN, DataError, Story, encode_windows,
                                     load_cloze_halves, load_corpus, read_cloze_csv)
 from world_model.vocab import Vocabulary
@@ -85,9 +85,10 @@ def metrics_from_sums(sums: torch.Tensor | Sequence[float]) -> dict:
     }
 
 
-def evaluate_windows(model: nn.Module, windows: torch.Tensor, batch_size: int = 64, device: torch.device | str | None = None) -> dict:
+def evaluate_windows(model: nn.Module, windows: torch.Tensor, batch_size: int = 64, device: torch.device | str | None = None,
+                     precision: str = "fp32") -> dict:
     """Validation metrics of `model` on `windows` (S, T+1, N); see the module docstring."""
-    metrics = metrics_from_sums(evaluation_sums(model, windows, batch_size, device))
+    metrics = metrics_from_sums(evaluation_sums(model, windows, batch_size, device, precision))
     metrics["validation_windows"] = len(windows)
     return metrics
 
@@ -113,13 +114,15 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def evaluate_checkpoint(checkpoint: str | os.PathLike, data_dir: str | os.PathLike, batch_size: int = 64, device: str | None = None) -> dict:
-    """Load a checkpoint folder (any registered model type) and its vocab.json; evaluate on the cloze stories."""
+def evaluate_checkpoint(checkpoint: str | os.PathLike, data_dir: str | os.PathLike, batch_size: int = 64, device: str | None = None,
+                        precision: str = "fp32") -> dict:
+    """Load a checkpoint folder (any registered model type) and its vocab.json; evaluate on the cloze stories
+    (L_S(4) and the other metrics in `precision`; Story Cloze and the floors in fp32)."""
     device = device or default_device()
     model = load_model(checkpoint, device=device)
     vocab = Vocabulary.load(Path(checkpoint))
     windows, stats = encode_stories(load_validation_stories(data_dir), vocab, getattr(model.config, "n_tokens", 16))
-    metrics = evaluate_windows(model, windows, batch_size, device)
+    metrics = evaluate_windows(model, windows, batch_size, device, precision)
     n = windows.shape[2]
     halves = load_cloze_halves(data_dir)
     floors, floor_rows = fitted_floors(data_dir, vocab, windows)
@@ -134,6 +137,7 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data_dir: str | os.PathLi
         "checkpoint": str(checkpoint),
         "model_type": model.config.to_dict()["model_type"],
         "parameters": count_parameters(model),
+        "precision": precision,
         "floors": floor_rows,
         "story_cloze": {"model": sc.story_cloze(sc.model_scorer(model, batch_size), halves, vocab, n),
                         **{name: sc.story_cloze(sc.floor_scorer(floor), halves, vocab, n) for name, floor in floors.items()},
@@ -182,11 +186,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="also write the metrics to this JSON file")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="bf16: the forward passes under bf16 autocast")
     args = parser.parse_args(argv)
     if args.batch_size < 1:
         parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
     try:
-        result = evaluate_checkpoint(args.checkpoint, args.data, args.batch_size, args.device)
+        result = evaluate_checkpoint(args.checkpoint, args.data, args.batch_size, args.device, args.precision)
     except (DataError, CheckpointError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -22,7 +22,7 @@ from torch import nn
 from world_model.checkpoint import PretrainedMixin
 from world_model.decoding import check_candidates, choose_candidates, slot_log_likelihood
 from world_model.inputs import check_example, check_window
-from world_model.kernels import linear_cross_entropy, linear_log_prob
+from world_model.kernels import linear_cross_entropy, linear_mixture_cross_entropy
 
 
 @dataclass
@@ -401,7 +401,7 @@ class StepStats(NamedTuple):
     window_ce_sum: torch.Tensor  # summed cross-entropy over the same targets
     window_tokens: torch.Tensor  # their count
     last_ce_sum: torch.Tensor  # summed cross-entropy over the non-padding tokens of S(T)
-    last_correct: torch.Tensor  # argmax matches on those tokens
+    last_correct: torch.Tensor  # argmax matches on those tokens (0 in training mode with the copy path, which skips it)
     last_tokens: torch.Tensor  # their count
 
 
@@ -531,7 +531,7 @@ class FourTensorModel(PretrainedMixin, nn.Module):
 
         X (B, N, T, d), token_ids (B, T, N) the input window, Y (B, N, T) targets, earlier / final (B, N, T)
         the scored slots, rows (K, d) and target (K,) ordered as they are -> (ce_sum, ce (K,), argmax of the
-        final rows' mixture). The vocabulary part runs through the chunked kernel (no (K, V) logits)."""
+        final rows' mixture, or -1 in training mode). The mixture's loss runs through a chunked kernel (no (K, V) logits)."""
         B, N, T = Y.shape
         log_gate, log_keep, pointer, key_ids = self.pointer(X, token_ids)
         log_copy = CopyPath.target_log_prob(pointer, key_ids, Y.reshape(B, N * T))
@@ -540,11 +540,13 @@ class FourTensorModel(PretrainedMixin, nn.Module):
             a = a.view(B, N, T)
             return torch.cat([a[earlier], a[final]])
 
-        log_vocab = linear_log_prob(rows, self.readout_matrix(), target)  # (K,)
-        ce = -torch.logaddexp(pick(log_keep) + log_vocab, pick(log_gate) + pick(log_copy))
-        with torch.no_grad():
-            argmax = self.slice_logits(X, token_ids, T - 1)[final[:, :, -1]].argmax(dim=-1)
-        return ce.sum(), ce.detach(), argmax
+        ce_sum, ce = linear_mixture_cross_entropy(rows, self.readout_matrix(), target, pick(log_keep), pick(log_gate) + pick(log_copy))
+        if self.training:  # the training loop reads only the loss sums; the final rows' argmax would cost another readout
+            argmax = torch.full_like(target[len(target) - int(final.sum()):], -1)
+        else:
+            with torch.no_grad():
+                argmax = self.slice_logits(X, token_ids, T - 1)[final[:, :, -1]].argmax(dim=-1)
+        return ce_sum, ce, argmax
 
     # ----- autoregressive rollout -----
     def decode_state(

@@ -78,40 +78,52 @@ class LinearCrossEntropy(torch.autograd.Function):
         return grad_X * grad_sum.to(grad_X.dtype), grad_M * grad_sum, None, None, None, None
 
 
-class LinearLogProb(torch.autograd.Function):
-    """log_softmax(X @ M)[k, target[k]] for every row k, in row chunks, differentiable per row.
+class LinearMixtureCrossEntropy(torch.autograd.Function):
+    """Cross-entropy of a two-part mixture whose first part is softmax(X @ M), in row chunks, without a (K, V) tensor:
 
-    Unlike LinearCrossEntropy, the caller may weight every row's gradient differently (a mixture such as
-    the copy path needs that), so the backward pass recomputes each chunk's softmax instead of storing a
-    gradient formed in the forward pass: one more matrix product, still no (K, V) tensor kept.
+        ce[k] = -log( exp(a[k]) softmax(X[k] M)[target[k]] + exp(b[k]) )
+
+    with a[k] the log-weight of the softmax part and b[k] the log-probability the other part gives the target
+    (the copy path: log(1 - g) and log g + log pointer mass). As in LinearCrossEntropy, the gradients of the
+    summed loss are formed chunk by chunk in the forward pass, each row's softmax gradient weighted by its
+    posterior r = exp(a + log_softmax[target] + ce); d ce / d a = -r and d ce / d b = -exp(b + ce) = -(1 - r).
     """
 
     @staticmethod
-    def forward(ctx, X: torch.Tensor, M: torch.Tensor, target: torch.Tensor, chunk: int, dtype: torch.dtype | None):
-        out = X.new_empty(X.shape[0], dtype=X.dtype if dtype is None else torch.float32)  # (K,)
+    def forward(ctx, X, M, target, a, b, chunk: int, dtype: torch.dtype | None):
+        # X (K, d), M (d, V), target (K,), a and b (K,) log-weights.
+        needs_grad = any(ctx.needs_input_grad[:2])
+        acc = X.dtype if dtype is None else torch.float32
+        ce = X.new_empty(X.shape[0], dtype=acc)
+        grad_X = torch.empty_like(X) if needs_grad else None
+        grad_M = torch.zeros(M.shape, dtype=acc, device=M.device) if needs_grad else None
         Mc = M if dtype is None else M.to(dtype)
+        a, b = a.to(acc), b.to(acc)
         with torch.autocast(X.device.type, enabled=False):
             for start in range(0, X.shape[0], chunk):
                 rows = slice(start, start + chunk)
-                out[rows] = chunk_log_softmax(X[rows], Mc, dtype).gather(1, target[rows, None])[:, 0]
-        ctx.save_for_backward(X, M, target)
-        ctx.chunk, ctx.dtype = chunk, dtype
-        return out
+                x, y = X[rows], target[rows]
+                log_p = chunk_log_softmax(x, Mc, dtype)  # (chunk, V)
+                vocab = a[rows] + log_p.gather(1, y[:, None])[:, 0]
+                ce[rows] = -torch.logaddexp(vocab, b[rows])
+                if needs_grad:
+                    r = (vocab + ce[rows]).exp()  # posterior of the softmax part
+                    grad_logits = log_p.exp_().mul_(r[:, None])  # r * softmax, in place
+                    grad_logits[torch.arange(grad_logits.shape[0], device=X.device), y] -= r  # d ce / d logits
+                    accumulate_grads(x, Mc, grad_logits, grad_X[rows], grad_M, dtype)
+        ctx.save_for_backward(grad_X, grad_M.to(M.dtype) if needs_grad else None, a, b, ce)
+        ctx.mark_non_differentiable(ce)
+        return ce.sum(), ce
 
     @staticmethod
-    def backward(ctx, grad_out):
-        X, M, target = ctx.saved_tensors
-        grad_X = torch.empty_like(X)
-        grad_M = torch.zeros(M.shape, dtype=M.dtype if ctx.dtype is None else torch.float32, device=M.device)
-        Mc = M if ctx.dtype is None else M.to(ctx.dtype)
-        with torch.autocast(X.device.type, enabled=False):
-            for start in range(0, X.shape[0], ctx.chunk):
-                rows = slice(start, start + ctx.chunk)
-                g = grad_out[rows] if ctx.dtype is None else grad_out[rows].float()
-                grad_logits = chunk_log_softmax(X[rows], Mc, ctx.dtype).exp_().mul_(-g[:, None])  # -g * softmax
-                grad_logits[torch.arange(grad_logits.shape[0], device=X.device), target[rows]] += g  # + g at the target
-                accumulate_grads(X[rows], Mc, grad_logits, grad_X[rows], grad_M, ctx.dtype)
-        return grad_X, grad_M.to(M.dtype), None, None, None
+    def backward(ctx, grad_sum, _grad_ce):
+        grad_X, grad_M, a, b, ce = ctx.saved_tensors
+        copy_posterior = (b + ce).exp()  # the other part's posterior, 1 - r
+        grad_a = -(1.0 - copy_posterior) * grad_sum
+        grad_b = -copy_posterior * grad_sum
+        gX = grad_X * grad_sum.to(grad_X.dtype) if grad_X is not None else None
+        gM = grad_M * grad_sum if grad_M is not None else None
+        return gX, gM, None, grad_a, grad_b, None, None
 
 
 def default_chunk(X: torch.Tensor, dtype: torch.dtype | None) -> int:
@@ -134,7 +146,9 @@ def linear_cross_entropy(
     return LinearCrossEntropy.apply(X, M, target, chunk or default_chunk(X, dtype), argmax_from, dtype)
 
 
-def linear_log_prob(X: torch.Tensor, M: torch.Tensor, target: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
-    """log_softmax(X @ M) at `target` per row: X (K, d), M (d, V), target (K,) -> (K,) fp32, differentiable."""
+def linear_mixture_cross_entropy(X: torch.Tensor, M: torch.Tensor, target: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                                 chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed cross-entropy of the mixture exp(a) softmax(X @ M) + exp(b) at `target` (see LinearMixtureCrossEntropy):
+    X (K, d), M (d, V), target, a, b (K,) -> (ce_sum (), differentiable in X, M, a and b; ce (K,), no gradient)."""
     dtype = autocast_dtype(X.device)
-    return LinearLogProb.apply(X, M, target, chunk or default_chunk(X, dtype), dtype)
+    return LinearMixtureCrossEntropy.apply(X, M, target, a, b, chunk or default_chunk(X, dtype), dtype)
