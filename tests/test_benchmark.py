@@ -489,3 +489,48 @@ def test_the_attention_preset_spans_the_rank_settings_the_issue_asks_for():
             ratios.append(dense / attn.config_attention_parameters(section, 100))
     assert kinds == {("four_tensor", "tucker"), ("baseline", "gqa"), ("baseline", "mla"), ("baseline", "tucker")}
     assert len(ratios) == 3 and min(ratios) <= 2.5 and max(ratios) >= 8 and sum(r >= 5 for r in ratios) >= 1
+
+
+def test_report_only_reads_light_run_files_and_trains_nothing(finished, data_dir, preset, tmp_path, monkeypatch):
+    no_training(monkeypatch)
+    out = tmp_path / "light"
+    shutil.copytree(finished[0], out)
+    for folder in (out / "runs").iterdir():  # keep only what a commit of a finished run carries
+        for heavy in ("best", "last"):
+            shutil.rmtree(folder / heavy)
+    (out / "runs" / "h2_l1_baseline" / "summary.json").unlink()  # an unfinished run
+    (out / "results.json").unlink()
+    args = ["--preset", str(preset), "--data", str(data_dir), "--out", str(out), "--report-only", "--no-progress"]
+    assert bench.main(args) == 0
+    again = json.loads((out / "results.json").read_text())
+    names = [r["run_dir"] for r in again["runs"]]
+    assert names == ["runs/h1_l1_four_tensor", "runs/h1_l1_baseline", "runs/h2_l1_four_tensor"]
+    assert not again["complete"]
+    before = {r["run_dir"]: r for r in finished[1]["runs"]}
+    for row in again["runs"]:  # the Story Cloze figures come from each run's story_cloze.json
+        assert row["story_cloze"] == before[row["run_dir"]]["story_cloze"] is not None
+        assert row["val_last_ce"] == before[row["run_dir"]]["val_last_ce"]
+
+
+def test_seeds_train_every_row_once_per_seed_and_pair_the_differences(data_dir, tmp_path):
+    preset = write_preset(tmp_path / "seeds.yaml", {**TINY_PRESET, "pairs": {"h1_l1": {"n_heads": 1, "n_layers": 1}},
+                                                    "seeds": [3, 4], "training": {**TINY_PRESET["training"], "max_epochs": 1},
+                                                    "variants": {"causal": {"type": "four_tensor", "pair": "h1_l1",
+                                                                            "model": {"temporal_causal": True}}}})
+    out = tmp_path / "out"
+    assert bench.main(["--preset", str(preset), "--data", str(data_dir), "--out", str(out), "--no-progress"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert sorted(p.name for p in (out / "runs").iterdir()) == sorted(
+        f"h1_l1_{m}_s{s}" for m in ("four_tensor", "baseline", "four_tensor_causal") for s in (3, 4))
+    for name in ("h1_l1_four_tensor_s3", "h1_l1_four_tensor_causal_s4"):
+        assert summary(out, name)["config"]["training"]["seed"] == int(name[-1])
+    rows = {(r["model_type"], r["variant"]): r for r in results["seed_summary"]}
+    four = [r["val_last_ce"] for r in results["runs"] if r["model_type"] == "four_tensor"]
+    assert rows[("four_tensor", None)]["val_last_ce"]["mean"] == pytest.approx(sum(four) / 2)
+    paired = {p["comparison"]: p for p in results["paired"]}
+    base = [r["val_last_ce"] for r in results["runs"] if r["model_type"] == "baseline"]
+    diff = paired["baseline - 4-tensor"]
+    assert diff["seeds"] == [3, 4] and diff["differences"] == pytest.approx([b - f for b, f in zip(base, four)])
+    assert diff["ci95"][0] < diff["mean"] < diff["ci95"][1]
+    assert "four_tensor reference - causal" in paired
+    assert "## Over seeds" in (out / "results.md").read_text()

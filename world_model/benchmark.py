@@ -39,7 +39,10 @@ goes to the later ones) and is handed `share - its estimated epoch` as train()'s
 the end of the first epoch after which another epoch could overrun its share, and is reported as stopped by
 the time budget. A time budget is refused under several processes (each would stop on its own clock).
 
-`--resume` skips runs whose summary.json exists and resumes the others from their last completed epoch.
+`--resume` skips runs whose summary.json exists and resumes the others from their last completed epoch, so a long
+benchmark runs in pieces. `--report-only` trains nothing and writes the reports from the runs that have finished.
+A finished run needs only its light files (run.json, summary.json, metrics.jsonl, story_cloze.json) to be skipped
+and reported; its checkpoints may be removed.
 """
 from __future__ import annotations
 
@@ -708,7 +711,7 @@ class Run:
 def run_benchmark(preset: str | os.PathLike, data_dir: str | os.PathLike, out_dir: str | os.PathLike,
                   max_epochs: int | None = None, max_minutes: float | None = None, train_subset: int | None = None,
                   pairs: Sequence[str] | None = None, resume: bool = False, progress: bool = True,
-                  command: str | None = None, seeds: Sequence[int] | None = None) -> dict:
+                  command: str | None = None, seeds: Sequence[int] | None = None, report_only: bool = False) -> dict:
     """Check everything, then train every (pair, model) run and write the reports; returns results.json's dict.
 
     Every check (preset, pairs, budgets, data folder, output folder, time budget) runs before any training.
@@ -770,24 +773,26 @@ def run_benchmark(preset: str | os.PathLike, data_dir: str | os.PathLike, out_di
         raise BenchmarkError(f"--out {out} is a file, not a folder")
     for run in runs:
         found = [name for name in RUN_MARKERS if (run.folder / name).exists()]
-        if found and not resume:
+        if found and not (resume or report_only):
             raise BenchmarkError(f"{run.folder} already holds a training run ({', '.join(found)}); pass --resume to continue "
                                  "the benchmark, or choose another --out")
-        run.done = resume and (run.folder / SUMMARY_FILE).is_file()
-        if found and resume and (run.folder / RUN_FILE).is_file():
+        run.done = (resume or report_only) and (run.folder / SUMMARY_FILE).is_file()
+        if found and (resume or report_only) and (run.folder / RUN_FILE).is_file():
             saved = json.loads((run.folder / RUN_FILE).read_text())
             wanted = {"config": run.config, "train_subset": k}
             diffs = [d for d in config_differences({key: saved.get(key) for key in wanted}, wanted)
                      if not d.startswith("config.training.max_epochs:")]
             if diffs:
                 raise BenchmarkError(f"--resume: the run in {run.folder} differs from the requested one: " + "; ".join(diffs))
-    if not resume and (out / RESULTS_JSON).exists():
+    if not (resume or report_only) and (out / RESULTS_JSON).exists():
         raise BenchmarkError(f"{out} already holds a benchmark ({RESULTS_JSON}); pass --resume or choose another --out")
 
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if torch.cuda.is_available() else torch.device("cpu")
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     is_main = int(os.environ.get("RANK", "0")) == 0
-    todo = [run for run in runs if not run.done]
+    if report_only:
+        m = None  # nothing is trained, so there is no budget to split
+    todo = [run for run in runs if not run.done and not report_only]
     share = None
     if m is not None and todo:
         for run in todo:
@@ -846,6 +851,9 @@ def run_benchmark(preset: str | os.PathLike, data_dir: str | os.PathLike, out_di
         name = run.name
         if run.done:
             print(f"[{i}/{len(runs)}] {name}: finished before ({run.folder / SUMMARY_FILE}); skipped", flush=True)
+            continue
+        if report_only:
+            print(f"[{i}/{len(runs)}] {name}: not finished; left out of the report (--report-only trains nothing)", flush=True)
             continue
         t_run = time.monotonic()
         if m is not None:
@@ -916,6 +924,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pairs", help="comma-separated pair names of the preset (default: all, e.g. h2_l2,h4_l2,h4_l3)")
     parser.add_argument("--seeds", help="comma-separated seeds (default: the preset's seeds, or its training seed)")
     parser.add_argument("--resume", action="store_true", help="skip finished runs and resume interrupted ones")
+    parser.add_argument("--report-only", action="store_true",
+                        help="train nothing: write the reports from the runs in --out that have finished (a benchmark run in pieces)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     argv_list = list(sys.argv[1:] if argv is None else argv)
@@ -923,7 +933,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         run_benchmark(args.preset, args.data, args.out, max_epochs=args.max_epochs, max_minutes=args.max_minutes,
                       train_subset=args.train_subset, pairs=args.pairs.split(",") if args.pairs is not None else None,
-                      resume=args.resume, progress=not args.no_progress, seeds=parse_seeds(args.seeds),
+                      resume=args.resume, progress=not args.no_progress, seeds=parse_seeds(args.seeds), report_only=args.report_only,
                       command=f"{launcher} world_model.benchmark " + shlex.join(argv_list))
     except (BenchmarkError, ConfigError, DataError, TrainingError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
