@@ -8,8 +8,10 @@ With --data the vocabulary size and the windows come from the ROCStories folder;
 windows with the corpus's padding fraction (0.40) are used. fp32 and bf16 are timed in alternating rounds
 of `--steps` steps (so a change in the machine's load hits both alike) and the median round is reported.
 The FLOPs of a step are counted once with torch's FlopCounterMode (forward and backward, every matrix
-product, the chunked readout included); the matmul peak is measured here with square products of the
-readout's width. This is a benchmark, not a test: the numbers depend on the machine and its load.
+product, the chunked readout included); the matmul peak is measured here with 1024 x 1024 products in fp32
+and in bf16, and each precision's achieved GFLOP/s is reported as a fraction of the larger of the two (the
+most this machine's matrix units do). The CPU's name and the instruction set PyTorch uses are printed: bf16
+is fast only where the CPU multiplies bf16 natively (AMX, AVX512-BF16) or on CUDA. This is a benchmark, not a test: the numbers depend on the machine and its load.
 """
 from __future__ import annotations
 
@@ -145,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         for precision in PRECISIONS:
             rounds[precision].append(trainer.windows_per_second(precision, args.steps))
     peak = {p: matmul_peak_gflops(1024, torch.float32 if p == "fp32" else torch.bfloat16) for p in PRECISIONS}
+    best_peak = max(peak.values())  # the most this machine's matrix units do, in either dtype
     figures: dict = {
         "config": str(args.config),
         "vocab_size": vocab_size,
@@ -163,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             f"train_windows_per_second_{p}_rounds": [round(r, 1) for r in rounds[p]],
             f"achieved_gflops_{p}": round(achieved, 1),
             f"matmul_peak_gflops_{p}": round(peak[p], 1),
-            f"fraction_of_peak_{p}": round(achieved / peak[p], 3),
+            f"fraction_of_machine_peak_{p}": round(achieved / best_peak, 3),
         })
     figures["bf16_speedup"] = round(figures["train_windows_per_second_bf16"] / figures["train_windows_per_second_fp32"], 2)
     figures["peak_rss_mib"] = round(peak_rss_mib(), 1)
