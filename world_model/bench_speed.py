@@ -118,9 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="alternating fp32 / bf16 rounds")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--attention", choices=["fused", "reference"], default="fused")
+    parser.add_argument("--peak-size", type=int, default=1024, help="side of the square products that measure the matmul peak")
+    parser.add_argument("--rollout-repeats", type=int, default=50, help="timed rollout steps per precision")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
-    for name in ("steps", "rounds", "batch_size"):
+    for name in ("steps", "rounds", "batch_size", "peak_size", "rollout_repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
 
@@ -141,12 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     model = FourTensorModel(FourTensorConfig(vocab_size=vocab_size, **{**settings, "attention": args.attention}))
     trainer = Trainer(model, windows, args.batch_size)
     rss_before = peak_rss_mib()
-    flops = {p: trainer.flops_per_step(p) / args.batch_size for p in PRECISIONS}  # also the warm-up steps
+    flops = trainer.flops_per_step("fp32") / args.batch_size  # the work of a window, the same in either precision
+    trainer.step("bf16")  # warm-up of the bf16 kernels
     rounds: dict[str, list[float]] = {p: [] for p in PRECISIONS}
     for _ in range(args.rounds):
         for precision in PRECISIONS:
             rounds[precision].append(trainer.windows_per_second(precision, args.steps))
-    peak = {p: matmul_peak_gflops(1024, torch.float32 if p == "fp32" else torch.bfloat16) for p in PRECISIONS}
+    peak = {p: matmul_peak_gflops(args.peak_size, torch.float32 if p == "fp32" else torch.bfloat16) for p in PRECISIONS}
     best_peak = max(peak.values())  # the most this machine's matrix units do, in either dtype
     figures: dict = {
         "config": str(args.config),
@@ -156,11 +159,11 @@ def main(argv: list[str] | None = None) -> int:
         "cpu": cpu_capability(),
         "attention": args.attention,
         "batch_size": args.batch_size,
-        "gflop_per_window": round(flops["fp32"] / 1e9, 3),
+        "gflop_per_window": round(flops / 1e9, 3),
     }
     for p in PRECISIONS:
         per_second = statistics.median(rounds[p])
-        achieved = per_second * flops[p] / 1e9
+        achieved = per_second * flops / 1e9
         figures.update({
             f"train_windows_per_second_{p}": round(per_second, 1),
             f"train_windows_per_second_{p}_rounds": [round(r, 1) for r in rounds[p]],
@@ -172,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     figures["peak_rss_mib"] = round(peak_rss_mib(), 1)
     figures["peak_rss_growth_during_training_mib"] = round(peak_rss_mib() - rss_before, 1)
     for p in PRECISIONS:
-        figures[f"rollout_step_ms_batch1_{p}"] = round(rollout_step_ms(model, windows[:1, 1:], p, repeats=50), 2)
+        figures[f"rollout_step_ms_batch1_{p}"] = round(rollout_step_ms(model, windows[:1, 1:], p, repeats=args.rollout_repeats), 2)
     for key, value in figures.items():
         print(f"{key:>42}: {value}")
     if args.json:
