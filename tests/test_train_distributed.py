@@ -157,13 +157,19 @@ def data_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def launched(data_dir, tmp_path_factory):
-    """An uninterrupted two-process run: (out folder, per-process spy records)."""
+    """An uninterrupted two-process run at batch B, and, trained in this process while it runs, the same run
+    with one process at batch 2B: (two-process out folder, per-process spy records, one-process out folder)."""
     tmp = tmp_path_factory.mktemp("two")
     proc = start(tmp, data_dir, tmp / "run", tmp / "spy")
-    output = finish(proc)
+    try:
+        config = copy.deepcopy(CONFIG)
+        config["training"]["batch_size"] = PROCESSES * B
+        train(config, data_dir, tmp / "one", progress=False)
+    finally:
+        output = finish(proc)
     assert proc.returncode == 0, output
     assert f"{PROCESSES} process(es) on cpu" in output, output
-    return tmp / "run", spies(tmp / "spy")
+    return tmp / "run", spies(tmp / "spy"), tmp / "one"
 
 
 # ----- the sharding, as a pure function -----
@@ -184,7 +190,7 @@ def test_process_batches_are_disjoint_and_match_one_process_at_the_total_batch(s
 
 # ----- one uninterrupted two-process run -----
 def test_each_process_trains_on_a_disjoint_shard(launched):
-    out, spy = launched
+    out, spy, _ = launched
     epochs = CONFIG["training"]["max_epochs"]
     for rank in spy:
         assert len(rank["batches"]) == epochs * STEPS_PER_EPOCH
@@ -202,7 +208,7 @@ def test_each_process_trains_on_a_disjoint_shard(launched):
 
 
 def test_only_the_main_process_writes(launched):
-    out, spy = launched
+    out, spy, _ = launched
     assert spy[1]["writes"] == []
     assert set(spy[0]["writes"]) == WRITERS
     assert {p.name for p in out.iterdir()} == OUTPUTS  # no stray temporary folders either
@@ -215,7 +221,7 @@ def test_validation_metrics_are_reduced_over_processes(launched, data_dir):
     """The 7 validation windows are split 4 / 3 between the processes; the reduced metrics equal one process's
     evaluation of the same weights over all of them (batch 1 on both sides, so only the float64 order of
     summation differs)."""
-    out, _ = launched
+    out, _, _ = launched
     _, _, _, val_windows = load_training_windows(data_dir, 4, 16)
     assert len(val_windows) == N_CLOZE
     last = read_metrics(out)[-1]
@@ -224,7 +230,7 @@ def test_validation_metrics_are_reduced_over_processes(launched, data_dir):
         assert last[key] == pytest.approx(single[key], rel=1e-12, abs=0), key
 
 
-def test_two_processes_at_batch_b_match_one_process_at_batch_2b(launched, data_dir, tmp_path):
+def test_two_processes_at_batch_b_match_one_process_at_batch_2b(launched):
     """Each step of 2 processes x B sees the windows of one step of 1 process x 2B (ProcessBatches), and each
     process weights its mean loss by its share of the step's target tokens, so the averaged gradient is that of
     the 2B-window mean (the shares here differ in tokens, and in the last step in size: 1 window and none).
@@ -232,27 +238,24 @@ def test_two_processes_at_batch_b_match_one_process_at_batch_2b(launched, data_d
     They agree to rounding, not bit for bit: the two processes' gradients are summed by the all-reduce instead of
     inside one backward pass, the mean is rescaled, and AdamW divides by sqrt(v) (small where a gradient is small),
     which can magnify a difference in the last bits. After 3 epochs (18 steps, lr 0.01) the weights must agree to
-    1e-4 absolute and the losses to 1e-5 relative; weights that were trained on other windows, or with the
-    processes' means averaged unweighted, differ by orders of magnitude more (1e-3 .. 1e-2 here)."""
-    out, _ = launched
-    config = copy.deepcopy(CONFIG)
-    config["training"]["batch_size"] = PROCESSES * B
-    one = tmp_path / "one"
-    train(config, data_dir, one, progress=False)
+    1e-5 absolute and the losses to 1e-6 relative. Measured here: 2.4e-7 and 3e-8. With the processes' means
+    averaged unweighted the weights differ by 0.037 and the losses by up to 5e-3 relative; with accelerate's
+    sharding of the DataLoader (a last step padded with windows from the start of the epoch) by 0.043 and 1e-2."""
+    out, _, one = launched
     a, b = tensors(out / "last/model/model.safetensors"), tensors(one / "last/model/model.safetensors")
     assert a.keys() == b.keys()
     for key in a:
-        assert torch.allclose(a[key], b[key], rtol=0, atol=1e-4), (key, float((a[key] - b[key]).abs().max()))
+        assert torch.allclose(a[key], b[key], rtol=0, atol=1e-5), (key, float((a[key] - b[key]).abs().max()))
     for two_run, one_run in zip(read_metrics(out), read_metrics(one), strict=True):
         for key in ("train_loss", "val_window_loss", "val_last_ce"):
-            assert two_run[key] == pytest.approx(one_run[key], rel=1e-5), (two_run["epoch"], key)
+            assert two_run[key] == pytest.approx(one_run[key], rel=1e-6), (two_run["epoch"], key)
 
 
 # ----- killed and resumed -----
 def test_a_killed_two_process_run_resumes_to_the_uninterrupted_result(launched, data_dir, tmp_path):
-    ref, _ = launched
+    ref, _, _ = launched
     out = tmp_path / "killed"
-    proc = start(tmp_path, data_dir, out, tmp_path / "spy-killed", "--step-delay", "0.3")
+    proc = start(tmp_path, data_dir, out, tmp_path / "spy-killed", "--step-delay", "0.2")
     state = out / "last/state.json"
     deadline = time.monotonic() + 180
     try:
@@ -270,7 +273,10 @@ def test_a_killed_two_process_run_resumes_to_the_uninterrupted_result(launched, 
     finally:
         end_group(proc)
     assert proc.returncode != 0, output
-    assert json.loads(state.read_text())["epoch"] < CONFIG["training"]["max_epochs"] and not (out / "summary.json").exists()
+    saved = json.loads(state.read_text())["epoch"]
+    assert saved < CONFIG["training"]["max_epochs"] and not (out / "summary.json").exists()
+    assert f"holds epoch {saved}; continue with --resume" in output  # the workers ended through the trainer's handler
+    assert not list(out.glob(".last.*"))
 
     proc = start(tmp_path, data_dir, out, tmp_path / "spy-resumed", "--resume")
     output = finish(proc)

@@ -525,7 +525,7 @@ def train(
         accelerator.wait_for_everyone()
 
         reason = stop_reason(history, tc["max_epochs"], tc["patience"], tc["tolerance"])
-        epoch = history[-1]["epoch"] if history else 0
+        epoch = saved_epoch = history[-1]["epoch"] if history else 0
         t_loop = time.monotonic()
         try:
             while reason is None:
@@ -607,6 +607,7 @@ def train(
                         "train_windows": len(train_windows),
                         "stop_reason": reason,
                     }, known_sentences=known)
+                    saved_epoch = epoch
                     write_metrics(out / METRICS_FILE, history)
                     plot_curves(history, best_epoch, out / CURVES_FILE)
                 accelerator.wait_for_everyone()
@@ -616,7 +617,9 @@ def train(
                     f"validation {record['eval_seconds']:.1f}s, epoch {record['epoch_seconds']:.1f}s"
                     + ("  *best*" if best_epoch == epoch else ""))
         except KeyboardInterrupt:
-            say(f"\ninterrupted during epoch {epoch}; {out / LAST_DIR} holds epoch {epoch - 1}; continue with --resume")
+            # (a signal after the save of an epoch, while the processes wait for each other, finds that epoch saved)
+            say(f"\ninterrupted {'after' if saved_epoch == epoch else 'during'} epoch {epoch}; "
+                f"{out / LAST_DIR} holds epoch {saved_epoch}; continue with --resume")
             raise
 
     best = best_epoch_index([h["val_window_loss"] for h in history])
