@@ -11,6 +11,7 @@ Every launch goes through a small wrapper of world_model.train.main that records
 indices of every batch it fetched and every call of the functions that write the output folder.
 """
 
+import contextlib
 import copy
 import json
 import math
@@ -23,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -117,20 +119,26 @@ def start(tmp: Path, data: Path, out: Path, spy: Path, *extra: str, config: dict
                             start_new_session=True)
 
 
-def finish(proc: subprocess.Popen, timeout: float = 240) -> str:
+def finish(proc: subprocess.Popen, timeout: float = 600) -> str:
+    """The launch's output once it has ended (the timeout only guards against a hang; a run takes seconds)."""
     try:
         output, _ = proc.communicate(timeout=timeout)
     finally:
-        end_group(proc)
+        end_launch(proc)
     return output
 
 
-def end_group(proc: subprocess.Popen) -> None:
-    """SIGKILL whatever is left of the launch this test started (its own session)."""
+def end_launch(proc: subprocess.Popen) -> None:
+    """SIGKILL whatever is left of a launch this test started: the launcher and its workers, found while the
+    launcher lives (torch.distributed.run starts each worker in a session of its own)."""
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+        workers = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        workers = []
+    for worker in workers:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            worker.kill()
+    proc.kill()
     proc.wait()
 
 
@@ -257,7 +265,7 @@ def test_a_killed_two_process_run_resumes_to_the_uninterrupted_result(launched, 
     out = tmp_path / "killed"
     proc = start(tmp_path, data_dir, out, tmp_path / "spy-killed", "--step-delay", "0.2")
     state = out / "last/state.json"
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 600
     try:
         while True:  # SIGTERM to the launcher once epoch 1 is saved: it ends both workers, in epoch 2
             try:
@@ -269,9 +277,9 @@ def test_a_killed_two_process_run_resumes_to_the_uninterrupted_result(launched, 
             assert time.monotonic() < deadline, "no last/ for epoch 1"
             time.sleep(0.02)
         proc.send_signal(signal.SIGTERM)
-        output = finish(proc, timeout=120)
+        output = finish(proc)
     finally:
-        end_group(proc)
+        end_launch(proc)
     assert proc.returncode != 0, output
     saved = json.loads(state.read_text())["epoch"]
     assert saved < CONFIG["training"]["max_epochs"] and not (out / "summary.json").exists()

@@ -499,6 +499,11 @@ def train(
                 say(f"note: the run used {before} process(es), this one {accelerator.num_processes}: the effective batch changes")
         elif resume:
             say(f"note: {out} holds no completed epoch to resume; starting a new run")
+        if accelerator.num_processes > 1:  # a process that read no state (its own copy of --out) would train apart
+            starts = accelerator.gather(torch.tensor([resumed_from or 0], device=accelerator.device)).tolist()
+            if len(set(starts)) > 1:
+                raise TrainingError(f"--resume: the processes found different states in {out} (epochs {starts}); "
+                                    "--out must be one folder that every process sees (a shared filesystem)")
 
         optimizer = torch.optim.AdamW(model.parameters(), lr=tc["lr"], weight_decay=tc["weight_decay"])
         sampler = EpochOrderSampler(len(train_windows), tc["seed"])
