@@ -165,6 +165,34 @@ class EpochOrderSampler(Sampler[int]):
         return iter(torch.randperm(self.size, generator=g).tolist())
 
 
+class ProcessBatches(Sampler[list[int]]):
+    """The batches of one of `num_processes` processes, cut from the epoch order of `order`.
+
+    Global step k takes the windows order[k G : (k+1) G], G = batch_size x num_processes, and process p
+    trains on its p-th share of them: the shards of an epoch are disjoint, cover every window exactly once,
+    and one step of P processes x B sees the windows of one step of 1 process x P B (with one process this
+    is the plain batching of `order`). The last, short global step is split as evenly as possible; a process
+    may get an empty share when fewer windows than processes are left (it then steps with weight 0, see
+    `train`). Every process yields the same number of batches, so none waits on a collective that the others
+    never reach. (accelerate's own sharding of a DataLoader would instead fill the last step with windows
+    from the start of the epoch, training and counting them twice.)"""
+
+    def __init__(self, order: Sampler[int], batch_size: int, num_processes: int = 1, process_index: int = 0):
+        self.order, self.batch_size = order, batch_size
+        self.num_processes, self.process_index = num_processes, process_index
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.order) / (self.batch_size * self.num_processes))
+
+    def __iter__(self):
+        indices, size = list(self.order), self.batch_size * self.num_processes
+        for start in range(0, len(indices), size):
+            chunk = indices[start : start + size]
+            share, extra = divmod(len(chunk), self.num_processes)
+            lo = self.process_index * share + min(self.process_index, extra)
+            yield chunk[lo : lo + share + (self.process_index < extra)]
+
+
 class StepModule(nn.Module):
     """Routes forward() to `model.training_step`, so DistributedDataParallel sees the call that builds the graph."""
 
@@ -471,11 +499,19 @@ def train(
                 say(f"note: the run used {before} process(es), this one {accelerator.num_processes}: the effective batch changes")
         elif resume:
             say(f"note: {out} holds no completed epoch to resume; starting a new run")
+        if accelerator.num_processes > 1:  # a process that read no state (its own copy of --out) would train apart
+            starts = accelerator.gather(torch.tensor([resumed_from or 0], device=accelerator.device)).tolist()
+            if len(set(starts)) > 1:
+                raise TrainingError(f"--resume: the processes found different states in {out} (epochs {starts}); "
+                                    "--out must be one folder that every process sees (a shared filesystem)")
 
         optimizer = torch.optim.AdamW(model.parameters(), lr=tc["lr"], weight_decay=tc["weight_decay"])
         sampler = EpochOrderSampler(len(train_windows), tc["seed"])
-        loader = DataLoader(WindowDataset(train_windows), batch_size=tc["batch_size"], sampler=sampler, collate_fn=stack_batch)
-        step_module, optimizer, loader = accelerator.prepare(StepModule(model), optimizer, loader)
+        n_proc = accelerator.num_processes
+        # Sharded here, not by accelerator.prepare (see ProcessBatches); batches are moved to the device in the loop.
+        loader = DataLoader(WindowDataset(train_windows), collate_fn=stack_batch,
+                            batch_sampler=ProcessBatches(sampler, tc["batch_size"], n_proc, accelerator.process_index))
+        step_module, optimizer = accelerator.prepare(StepModule(model), optimizer)
         if opt_state is not None:
             optimizer.load_state_dict(opt_state)
             restore_rng(*rng)
@@ -494,7 +530,7 @@ def train(
         accelerator.wait_for_everyone()
 
         reason = stop_reason(history, tc["max_epochs"], tc["patience"], tc["tolerance"])
-        epoch = history[-1]["epoch"] if history else 0
+        epoch = saved_epoch = history[-1]["epoch"] if history else 0
         t_loop = time.monotonic()
         try:
             while reason is None:
@@ -512,12 +548,23 @@ def train(
                 for step, batch in enumerate(bar):
                     for group in optimizer.param_groups:
                         group["lr"] = learning_rate(tc, (epoch - 1) * len(loader) + step, len(loader))
+                    live = len(batch) > 0  # False only for an empty share of the last, short step
+                    batch = (batch if live else train_windows[:1]).to(accelerator.device)
                     with autocast(tc["precision"], accelerator.device):
                         stats_step = step_module(batch)
+                    loss = stats_step.loss
+                    if n_proc > 1:
+                        # DDP averages the processes' gradients; weighting each process's mean by its share of the
+                        # step's target tokens makes that average the gradient of the mean over all of them, as one
+                        # process with the whole step's windows would compute (shares may differ in tokens or size).
+                        tokens = stats_step.window_tokens.double() * live
+                        total = accelerator.reduce(tokens.reshape(1).clone(), reduction="sum")[0]
+                        loss = loss * (tokens * n_proc / total.clamp(min=1)).to(loss.dtype)
                     optimizer.zero_grad(set_to_none=True)
-                    accelerator.backward(stats_step.loss)
+                    accelerator.backward(loss)
                     optimizer.step()
-                    sums += torch.stack([stats_step.window_ce_sum.double(), stats_step.window_tokens.double()])
+                    if live:
+                        sums += torch.stack([stats_step.window_ce_sum.double(), stats_step.window_tokens.double()])
                     if bar is not loader and step % 10 == 0:
                         bar.set_postfix(loss=f"{float(sums[0] / sums[1].clamp(min=1)):.4f}")
                     if step_delay:
@@ -548,8 +595,12 @@ def train(
                 best = best_epoch_index([h["val_window_loss"] for h in history])
                 best_epoch = None if best is None else best + 1
                 reason = stop_reason(history, tc["max_epochs"], tc["patience"], tc["tolerance"])
-                if reason is None and max_minutes is not None and time.monotonic() - t_start >= 60 * max_minutes:
-                    reason = "time_budget"
+                if reason is None and max_minutes is not None:
+                    # one decision for all processes (their clocks differ): a process that stopped alone would leave
+                    # the others waiting in the next epoch's first collective
+                    over = torch.tensor([float(time.monotonic() - t_start >= 60 * max_minutes)], device=accelerator.device)
+                    if float(accelerator.reduce(over, reduction="sum")[0]) > 0:
+                        reason = "time_budget"
                 if is_main:
                     if best_epoch == epoch:
                         inner.save_pretrained(out / BEST_DIR, vocab=vocab, known_sentences=known, **{k: v for k, v in record.items() if k not in TIMING_KEYS})
@@ -561,6 +612,7 @@ def train(
                         "train_windows": len(train_windows),
                         "stop_reason": reason,
                     }, known_sentences=known)
+                    saved_epoch = epoch
                     write_metrics(out / METRICS_FILE, history)
                     plot_curves(history, best_epoch, out / CURVES_FILE)
                 accelerator.wait_for_everyone()
@@ -570,7 +622,9 @@ def train(
                     f"validation {record['eval_seconds']:.1f}s, epoch {record['epoch_seconds']:.1f}s"
                     + ("  *best*" if best_epoch == epoch else ""))
         except KeyboardInterrupt:
-            say(f"\ninterrupted during epoch {epoch}; {out / LAST_DIR} holds epoch {epoch - 1}; continue with --resume")
+            # (a signal after the save of an epoch, while the processes wait for each other, finds that epoch saved)
+            say(f"\ninterrupted {'after' if saved_epoch == epoch else 'during'} epoch {epoch}; "
+                f"{out / LAST_DIR} holds epoch {saved_epoch}; continue with --resume")
             raise
 
     best = best_epoch_index([h["val_window_loss"] for h in history])
