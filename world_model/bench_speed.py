@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu": cpu_capability(),
         "attention": args.attention,
         "batch_size": args.batch_size,
-        "gflop_per_window": round(flops / 1e9, 3),
+        "gflop_per_window": float(f"{flops / 1e9:.4g}"),
     }
     for p in PRECISIONS:
         per_second = statistics.median(rounds[p])
