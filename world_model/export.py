@@ -16,18 +16,22 @@ from pathlib import Path
 import torch
 
 from world_model.evaluate import evaluate_checkpoint
+from world_model.floors import FLOORS
 from world_model.models import count_parameters, load_model
 from world_model.vocab import Vocabulary
 
 
 def model_card(config: dict, run: dict, metrics: dict, command: str, size_bytes: int) -> str:
     history = run.get("history", [])
+    training = run.get("config", {}).get("training", {})
+    variants = [name for name in ("temporal_causal", "copy_path") if config.get(name)]
     lines = [
         "# 4-tensor predictor, CPU-sized, trained on ROCStories",
         "",
         f"d_x {config['d_x']}, d_t {config['d_t']}, H {config['n_heads']}, L {config['n_layers']}, N {config['n_tokens']}, "
         f"T {config['n_states']}, vocabulary {config['vocab_size']:,} words; {metrics['parameters']:,} parameters, "
-        f"stored as fp16 safetensors ({size_bytes / 1e6:.1f} MB).",
+        f"stored as fp16 safetensors ({size_bytes / 1e6:.1f} MB)."
+        + (f" Opt-in variants beyond the paper: {', '.join(variants)} (README, 'Beyond the paper')." if variants else ""),
         "",
         "## Data",
         "Training windows: the 20,000-story ROCStories subset in `../shared/data/rocstories/` (5 sentences a story, "
@@ -39,7 +43,8 @@ def model_card(config: dict, run: dict, metrics: dict, command: str, size_bytes:
         command,
         "```",
         f"Selected epoch {run.get('best_epoch')} of {run.get('last_epoch', len(history))} run "
-        f"(stopped by: {run.get('stop_reason', 'unknown')}); AdamW 3e-4, weight decay 0.01, batch 32, dropout 0.1, seed 0.",
+        f"(stopped by: {run.get('stop_reason', 'unknown')}); "
+        + (", ".join(f"{k} {v}" for k, v in training.items()) if training else "training settings: see the command") + ".",
         "",
         "## Validation (3,742 cloze stories, measured on the exported fp16 weights)",
         "| L_S(4) | token accuracy | perplexity | window loss S(1..4) |",
@@ -47,11 +52,25 @@ def model_card(config: dict, run: dict, metrics: dict, command: str, size_bytes:
         f"| {metrics['val_last_ce']:.4f} | {metrics['val_token_accuracy']:.4f} | {metrics['val_perplexity']:.1f} | "
         f"{metrics['val_window_loss']:.4f} |",
         "",
-        "Per epoch (fp32, from the run's metrics.jsonl):",
-        "",
-        "| epoch | train loss | val window loss | L_S(4) | accuracy | perplexity |",
-        "|---|---|---|---|---|---|",
     ]
+    if metrics.get("floors"):
+        lines += ["Count floors (world_model/floors.py; fitted on the training stories, settings chosen on held-out "
+                  "training windows):", "", "| floor | L_S(4) | token accuracy |", "|---|---|---|"]
+        lines += [f"| {name} | {metrics['floors'][name]['val_last_ce']:.4f} | {metrics['floors'][name]['val_token_accuracy']:.4f} |"
+                  for name in FLOORS]
+        lines += [""]
+    if metrics.get("story_cloze"):
+        lines += ["Story Cloze (the right one of two endings by its S(4) log-likelihood; chance 50%, DSSM 58.5%, GPT-1 86.5%):",
+                  "", "| scorer | val, summed / per token | test, summed / per token |", "|---|---|---|"]
+        for name, halves in metrics["story_cloze"].items():
+            if name != "references":
+                lines.append(f"| {name} | " + " | ".join(f"{100 * halves[h]['summed']:.1f}% / {100 * halves[h]['per_token']:.1f}%"
+                                                         for h in ("val", "test")) + " |")
+        lines += [""]
+    lines += ["Per epoch (fp32, from the run's metrics.jsonl):",
+              "",
+              "| epoch | train loss | val window loss | L_S(4) | accuracy | perplexity |",
+              "|---|---|---|---|---|---|"]
     lines += [f"| {h['epoch']} | {h['train_loss']:.4f} | {h['val_window_loss']:.4f} | {h['val_last_ce']:.4f} | "
               f"{h['val_token_accuracy']:.4f} | {h['val_perplexity']:.1f} |" for h in history]
     lines += ["", "Paper, at d_x 64, d_t 32 on the full pool: L_S(4) 5.531-5.562, perplexity 252-260.", ""]
