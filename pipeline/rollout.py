@@ -28,6 +28,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from encoders.frames import VideoError, sample_frames
+from encoders.grounding import clip_verdict
 from pipeline.presets import PresetError, available_presets, choose_preset, resolve_model_path
 from pipeline.windows import caption_window, decode_states
 from world_model.checkpoint import CheckpointError, replace_dir
@@ -36,6 +37,7 @@ from world_model.models import Predictor
 from world_model.models import load_predictor as load_predictor_folder
 
 Progress = Callable[[float, str], None]
+ON_UNKNOWN = ("warn", "stop")
 
 
 class RolloutError(RuntimeError):
@@ -122,6 +124,7 @@ def run_rollout(
     init_from_last_frame: bool = False,
     fps: float = 2.0,
     overwrite: bool = False,
+    on_unknown: str = "warn",
     progress: Progress | None = None,
 ) -> RolloutResult:
     """Read a clip, predict its next `steps` states and render them.
@@ -146,6 +149,8 @@ def run_rollout(
             `sentences` requires the known sentences; `tokens` always reads tokens off freely.
         init_from_last_frame: render each state image-to-image from the last observed frame.
         fps: frame rate of rollout.mp4 / rollout.gif.
+        on_unknown: what to do when frames are outside the captioner's world (`encoders.grounding`):
+            `warn` (default) records and prints a warning, `stop` raises RolloutError before predicting.
         progress: optional callback `progress(fraction, message)` (the demo passes gr.Progress).
     """
     timings: dict[str, float] = {}
@@ -155,6 +160,8 @@ def run_rollout(
     if samples < 1:
         raise RolloutError(f"--samples must be at least 1, got {samples}")
     check_settings(interval, num_frames, max_frames, temperature, top_k, fps)
+    if on_unknown not in ON_UNKNOWN:
+        raise RolloutError(f"--on-unknown must be one of {', '.join(ON_UNKNOWN)}, got {on_unknown!r}")
     if readout not in READOUTS:
         raise RolloutError(f"--readout must be one of {', '.join(READOUTS)}, got {readout!r}")
     video = Path(video)
@@ -188,7 +195,14 @@ def run_rollout(
         start = time.perf_counter()
         report(0.3, f"captioning {len(clip)} frames")
         images = [f.image for f in clip]
-        captions = cap(images)
+        if hasattr(cap, "caption_and_ground"):
+            captions, groundings = cap.caption_and_ground(images)
+        else:  # a captioner that gives no score
+            captions, groundings = cap(images), [None] * len(images)
+        verdict = clip_verdict(groundings)
+        unknown = unknown_warning(verdict, groundings, names["captioner"])
+        if unknown and on_unknown == "stop":
+            raise RolloutError(f"{unknown} (--on-unknown stop)")
         timings["caption"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -225,13 +239,15 @@ def run_rollout(
                          "readout": readout_name(candidates),
                          "samples": len(predictions), "init_from_last_frame": init_from_last_frame},
             "observed": [{"timestamp_s": round(f.timestamp, 3), "frame_index": f.index, "caption": text,
-                          "image": f"observed/{i:03d}.png"} for i, (f, text) in enumerate(zip(clip, captions))],
+                          "grounding": g.as_dict() if g else None, "image": f"observed/{i:03d}.png"}
+                         for i, (f, text, g) in enumerate(zip(clip, captions, groundings))],
+            "grounding": verdict,
             "window": {"states": window.states, "token_ids": window.token_ids[0].tolist()},
             "oov": {"tokens": window.tokens, "unknown": window.unknown, "rate": round(window.oov_rate, 4),
                     "unknown_words": window.unknown_words},
             "predictions": [{**p, "images": [f"rendered/sample{k}_step{s + 1:02d}.png" for s in range(steps)]}
                             for k, p in enumerate(predictions)],
-            "warnings": list(clip.warnings),
+            "warnings": [unknown] * bool(unknown) + list(clip.warnings),
         }
         if window.tokens and window.unknown == window.tokens:
             record["warnings"].append("every caption word is outside the predictor's vocabulary: "
@@ -246,6 +262,17 @@ def run_rollout(
         raise
     report(1.0, "done")
     return RolloutResult(out_dir, record, images, rendered)
+
+
+def unknown_warning(verdict: dict, groundings: list, captioner: str) -> str:
+    """The warning for frames outside the captioner's world, or "" when every frame is grounded (or unscored)."""
+    if not verdict["flagged"]:
+        return ""
+    threshold = next(g.threshold for g in groundings if g is not None)
+    where = "the clip is" if verdict["verdict"] == "outside" else "part of the clip is"
+    return (f"{where} outside the captioner's world: {verdict['flagged']} of {verdict['frames']} frames lie far from "
+            f"what {captioner} was trained on (feature distance to its training frames above {threshold:.1f}); "
+            "their captions, the prediction and the renders describe that world, not this clip")
 
 
 def check_settings(interval: float, num_frames: int | None, max_frames: int, temperature: float,
@@ -327,6 +354,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "off freely; auto (default): sentences when the predictor folder lists them")
     parser.add_argument("--init-from-last-frame", action="store_true", help="image-to-image from the last observed frame")
     parser.add_argument("--fps", type=float, default=2.0, help="frame rate of rollout.mp4 (default 2)")
+    parser.add_argument("--on-unknown", choices=ON_UNKNOWN, default="warn",
+                        help="frames outside the captioner's world: warn (default) or stop before predicting")
     parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
     return parser.parse_args(argv)
 
@@ -334,7 +363,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def summary(result: RolloutResult) -> str:
     r = result.record
     lines = [f"preset: {r['preset']} ({r['preset_reason']})"]
-    lines += [f"  t={o['timestamp_s']:>6.1f}s  {o['caption']}" for o in r["observed"]]
+    lines += [f"  t={o['timestamp_s']:>6.1f}s  {o['caption']}"
+              + ("  [outside the captioner's world]" if (o["grounding"] or {}).get("grounded") is False else "")
+              for o in r["observed"]]
     for k, p in enumerate(r["predictions"]):
         lines.append(f"predicted{'' if len(r['predictions']) == 1 else f' (sample {k + 1})'}:")
         lines += [f"  step {s + 1}: {text}" for s, text in enumerate(p["sentences"])]
@@ -354,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
             captioner=args.captioner, renderer=args.renderer,
             predictor=args.predictor, device=args.device, samples=args.samples, temperature=args.temperature,
             top_k=args.top_k, seed=args.seed, readout=args.readout, init_from_last_frame=args.init_from_last_frame, fps=args.fps,
-            overwrite=args.overwrite,
+            overwrite=args.overwrite, on_unknown=args.on_unknown,
         )
         print(summary(result))
     except (RolloutError, PresetError, VideoError, CheckpointError, ValueError, OSError) as err:
