@@ -16,7 +16,7 @@ half a nominal frame), and its ``timestamp`` is that frame's own. Raw streams wi
 timed as index / fps.
 
 Errors: unusable input raises ``VideoError`` with the reason (missing, empty, not a video, no
-video stream, no decodable frame).  A stream that breaks part-way (truncated download, corrupt
+video stream, frames smaller than ``MIN_SIDE``, no decodable frame).  A stream that breaks part-way (truncated download, corrupt
 data) is not an error: the sampled frames decoded before the break are returned, minus the frame
 right before it (its data may be cut short and patched by the decoder with older pixels), and
 ``SampledClip.warnings`` says what happened.
@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 # Gaps longer than this are seeked over rather than decoded through with grab(). A seek restarts
 # decoding at the previous keyframe, so it only pays off for gaps longer than a typical GOP.
 SEEK_GAP_SECONDS = 5.0
+MIN_SIDE = 16  # pixels: a smaller frame shows nothing a captioner could name
 
 
 class VideoError(ValueError):
@@ -257,6 +258,9 @@ def _open(path: Path) -> tuple[cv2.VideoCapture, VideoInfo]:
         rotation=round(capture.get(cv2.CAP_PROP_ORIENTATION_META)) % 360,
         timed=duration is not None,
     )
+    if 0 < min(info.width, info.height) < MIN_SIDE:  # 0: not known before decoding
+        capture.release()
+        raise VideoError(f"{path} has {info.width}x{info.height} frames; at least {MIN_SIDE}x{MIN_SIDE} pixels are needed")
     return capture, info
 
 
