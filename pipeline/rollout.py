@@ -14,8 +14,10 @@ import argparse
 import json
 import math
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -38,6 +40,9 @@ from world_model.models import load_predictor as load_predictor_folder
 
 Progress = Callable[[float, str], None]
 ON_UNKNOWN = ("warn", "stop")
+MAX_STEPS = 64  # predicted states per run
+MAX_SAMPLES = 16  # alternative futures per run
+MAX_FRAMES = 256  # sampled frames per run
 
 
 class RolloutError(RuntimeError):
@@ -155,10 +160,10 @@ def run_rollout(
     """
     timings: dict[str, float] = {}
     report = progress or (lambda fraction, message: None)
-    if steps < 1:
-        raise RolloutError(f"--steps must be at least 1, got {steps}")
-    if samples < 1:
-        raise RolloutError(f"--samples must be at least 1, got {samples}")
+    if not 1 <= steps <= MAX_STEPS:
+        raise RolloutError(f"--steps must be between 1 and {MAX_STEPS}, got {steps}")
+    if not 1 <= samples <= MAX_SAMPLES:
+        raise RolloutError(f"--samples must be between 1 and {MAX_SAMPLES}, got {samples}")
     check_settings(interval, num_frames, max_frames, temperature, top_k, fps)
     if on_unknown not in ON_UNKNOWN:
         raise RolloutError(f"--on-unknown must be one of {', '.join(ON_UNKNOWN)}, got {on_unknown!r}")
@@ -218,11 +223,8 @@ def run_rollout(
         timings["predict"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        rendered = []
-        for k, prediction in enumerate(tqdm(predictions, desc="rendering", disable=len(predictions) == 1)):
-            report(0.6 + 0.3 * k / len(predictions), f"rendering {steps} predicted states")
-            init = [images[-1]] * steps if init_from_last_frame else None
-            rendered.append(ren(prediction["sentences"], seed=seed + k, init_images=init))
+        rendered = render_states(ren, [p["sentences"] for p in predictions], seed,
+                                 images[-1] if init_from_last_frame else None, report)
         timings["render"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -264,6 +266,24 @@ def run_rollout(
     return RolloutResult(out_dir, record, images, rendered)
 
 
+def render_states(ren, futures: list[list[str]], seed: int, init: np.ndarray | None,
+                  report: Progress) -> list[list[np.ndarray]]:
+    """Render each sample's sentences one state at a time (sample k with seed + k), with a progress bar
+    on stderr and `report` after every state; (H, W, 3) uint8 images per [sample][step]."""
+    total = sum(len(f) for f in futures)
+    rendered, done = [], 0
+    with tqdm(total=total, desc="rendering", unit="state", disable=None) as bar:
+        for k, sentences in enumerate(futures):
+            images = []
+            for sentence in sentences:
+                report(0.6 + 0.3 * done / total, f"rendering predicted state {done + 1} of {total}")
+                images += ren([sentence], seed=seed + k, init_images=None if init is None else [init])
+                done += 1
+                bar.update()
+            rendered.append(images)
+    return rendered
+
+
 def unknown_warning(verdict: dict, groundings: list, captioner: str) -> str:
     """The warning for frames outside the captioner's world, or "" when every frame is grounded (or unscored)."""
     if not verdict["flagged"]:
@@ -282,8 +302,8 @@ def check_settings(interval: float, num_frames: int | None, max_frames: int, tem
         raise RolloutError(f"--interval must be a positive number of seconds, got {interval}")
     if num_frames is not None and num_frames < 1:
         raise RolloutError(f"--frames must be at least 1, got {num_frames}")
-    if max_frames < 1:
-        raise RolloutError(f"--max-frames must be at least 1, got {max_frames}")
+    if not 1 <= max_frames <= MAX_FRAMES:
+        raise RolloutError(f"--max-frames must be between 1 and {MAX_FRAMES}, got {max_frames}")
     if not (math.isfinite(temperature) and temperature >= 0):
         raise RolloutError(f"--temperature must be 0 (greedy) or positive, got {temperature}")
     if top_k is not None and top_k < 1:
@@ -331,21 +351,23 @@ def fit(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m pipeline.rollout", description=__doc__.split("\n\n")[0])
     parser.add_argument("video", type=Path, help="the clip to read")
-    parser.add_argument("--steps", type=int, default=5, help="predicted future states (default 5)")
+    parser.add_argument("--steps", type=int, default=5, help=f"predicted future states (default 5, at most {MAX_STEPS})")
     parser.add_argument("--preset", default="auto", help=f"model preset: {', '.join(available_presets())} (default auto)")
     parser.add_argument("--out", type=Path, help="run folder (default runs/<clip>-<time>)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
     sampling = parser.add_mutually_exclusive_group()
     sampling.add_argument("--interval", type=float, default=1.0, help="seconds between sampled frames (default 1.0)")
     sampling.add_argument("--frames", type=int, help="sample this many evenly spaced frames instead")
-    parser.add_argument("--max-frames", type=int, default=32, help="cap on sampled frames (default 32)")
+    parser.add_argument("--max-frames", type=int, default=32,
+                        help=f"cap on sampled frames (default 32, at most {MAX_FRAMES})")
     parser.add_argument("--frames-per-state", type=int,
                         help="frames tiled into each state strip (default: the preset's, else 1)")
     parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--captioner", help="image-to-text model: hub id or folder (overrides the preset)")
     parser.add_argument("--renderer", help="text-to-image model: hub id or folder (overrides the preset)")
     parser.add_argument("--predictor", help="4-tensor checkpoint folder (overrides the preset)")
-    parser.add_argument("--samples", type=int, default=1, help="alternative futures (needs --temperature > 0)")
+    parser.add_argument("--samples", type=int, default=1,
+                        help=f"alternative futures (needs --temperature > 0; at most {MAX_SAMPLES})")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, help="sample only among the k likeliest words")
     parser.add_argument("--seed", type=int, default=0, help="seed for sampling and rendering")
@@ -376,8 +398,15 @@ def summary(result: RolloutResult) -> str:
     return "\n".join(lines)
 
 
+def stop_on_sigterm(signum, frame) -> None:
+    """SIGTERM ends a run as Ctrl-C does: the exception unwinds through run_rollout, which removes its staging folder."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    in_main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
+    previous = signal.signal(signal.SIGTERM, stop_on_sigterm) if in_main_thread else None
     try:
         result = run_rollout(
             args.video, steps=args.steps, out_dir=args.out, preset=args.preset, interval=args.interval,
@@ -399,6 +428,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unexpected failure ({type(err).__name__}: {err}); rerun with --debug for the traceback",
               file=sys.stderr)
         return 1
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
     return 0
 
 
