@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
+import os
 import shutil
 import signal
 import sys
@@ -378,6 +380,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--fps", type=float, default=2.0, help="frame rate of rollout.mp4 (default 2)")
     parser.add_argument("--on-unknown", choices=ON_UNKNOWN, default="warn",
                         help="frames outside the captioner's world: warn (default) or stop before predicting")
+    parser.add_argument("--verbose", action="store_true",
+                        help="keep the libraries' loading bars and advisory warnings on stderr")
     parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
     return parser.parse_args(argv)
 
@@ -403,8 +407,27 @@ def stop_on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)
 
 
+def quiet_libraries() -> None:
+    """Silence transformers', diffusers' and huggingface_hub's loading bars and advisory warnings, OpenCV's
+    and FFmpeg's decoder messages and the frame sampler's log (its warnings reach the summary anyway)."""
+    import diffusers
+    import huggingface_hub
+    import transformers
+
+    os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")  # AV_LOG_QUIET, read when a capture opens
+    os.environ.setdefault("OPENCV_LOG_LEVEL", "ERROR")
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    diffusers.logging.set_verbosity_error()
+    diffusers.logging.disable_progress_bar()
+    huggingface_hub.utils.disable_progress_bars()
+    logging.getLogger("encoders").setLevel(logging.ERROR)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if not args.verbose:
+        quiet_libraries()
     in_main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
     previous = signal.signal(signal.SIGTERM, stop_on_sigterm) if in_main_thread else None
     try:

@@ -65,3 +65,26 @@ def test_sigterm_mid_run_removes_the_staging_folder(parts, tmp_path, monkeypatch
     assert stopped.value.code == 128 + signal.SIGTERM
     assert list(tmp_path.iterdir()) == [], "no run folder and no hidden staging folder"
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_hub_preset_without_network_or_cache_fails_at_once_with_one_line(parts, tmp_path, capsys, monkeypatch):
+    from pipeline import presets
+
+    asked = []
+    monkeypatch.setattr(presets, "hub_model_available", lambda model_id: asked.append(model_id) or False)
+    called = []
+    monkeypatch.setattr(rollout_module, "sample_frames", lambda *a, **k: called.append(1))
+    code = main([str(parts["clip"]), "--preset", "hub", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    hub = presets.load_preset("hub")
+    assert code == 2 and err.startswith("error: --preset hub: ") and err.count("\n") == 1
+    assert hub["captioner"] in err and "--preset offline" in err
+    assert asked == [hub["captioner"], hub["renderer"]] and not called
+
+
+def test_library_noise_is_quiet_unless_verbose(parts, tmp_path, capfd):
+    with one_torch_thread():
+        code = main([str(parts["clip"]), "--steps", "1", "--out", str(tmp_path / "run"), *model_args(parts)])
+    captured = capfd.readouterr()
+    assert code == 0 and "wrote" in captured.out
+    assert captured.err == "", "no loading bars, library advice or decoder messages on stderr"
