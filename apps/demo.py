@@ -25,7 +25,7 @@ import gradio as gr
 
 from encoders.frames import VideoError, VideoInfo, probe_video
 from pipeline.presets import COMPONENTS, PROJECT_ROOT, PresetError, available_presets, choose_preset
-from pipeline.rollout import RolloutError, RolloutResult, run_rollout
+from pipeline.rollout import MAX_SEED, RolloutError, RolloutResult, run_rollout
 from world_model.checkpoint import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -34,7 +34,6 @@ MAX_STEPS = 10
 MAX_FILE_MB = 200  # uploads larger than this are refused (by Gradio before the upload, and by us after)
 MAX_DURATION_S = 600.0  # clips longer than this are refused before any model work
 MAX_FRAMES = 32
-MAX_SEED = 2**32 - 1
 RUN_MAX_AGE_S = 2 * 3600  # request folders older than this are deleted when a new request starts
 EXAMPLES_DIR = PROJECT_ROOT / "examples"
 CUSTOM = "custom"  # the preset choice meaning "the models named on the command line"

@@ -45,6 +45,7 @@ ON_UNKNOWN = ("warn", "stop")
 MAX_STEPS = 64  # predicted states per run
 MAX_SAMPLES = 16  # alternative futures per run
 MAX_FRAMES = 256  # sampled frames per run
+MAX_SEED = 2**32 - 1
 
 
 class RolloutError(RuntimeError):
@@ -167,6 +168,8 @@ def run_rollout(
     if not 1 <= samples <= MAX_SAMPLES:
         raise RolloutError(f"--samples must be between 1 and {MAX_SAMPLES}, got {samples}")
     check_settings(interval, num_frames, max_frames, temperature, top_k, fps)
+    if not 0 <= seed <= MAX_SEED:
+        raise RolloutError(f"--seed must be between 0 and {MAX_SEED}, got {seed}")
     if on_unknown not in ON_UNKNOWN:
         raise RolloutError(f"--on-unknown must be one of {', '.join(ON_UNKNOWN)}, got {on_unknown!r}")
     if readout not in READOUTS:

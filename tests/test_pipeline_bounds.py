@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pipeline import rollout as rollout_module
-from pipeline.rollout import MAX_FRAMES, MAX_SAMPLES, MAX_STEPS, main, run_rollout
+from pipeline.rollout import MAX_FRAMES, MAX_SAMPLES, MAX_SEED, MAX_STEPS, main, run_rollout
 from tests.model_factories import make_tiny_blip, make_tiny_sd, one_torch_thread, write_test_clip
 from world_model.four_tensor import FourTensorConfig, FourTensorModel
 from world_model.vocab import Vocabulary
@@ -29,14 +29,16 @@ def model_args(parts):
     return [x for k in ("captioner", "renderer", "predictor") for x in (f"--{k}", parts[k])]
 
 
-@pytest.mark.parametrize("flag, cap", [("--steps", MAX_STEPS), ("--samples", MAX_SAMPLES), ("--max-frames", MAX_FRAMES)])
+@pytest.mark.parametrize("flag, cap", [("--steps", MAX_STEPS), ("--samples", MAX_SAMPLES), ("--max-frames", MAX_FRAMES),
+                                       ("--seed", MAX_SEED)])
 def test_settings_above_their_cap_are_refused_before_any_work(parts, tmp_path, capsys, monkeypatch, flag, cap):
     called = []
     monkeypatch.setattr(rollout_module, "sample_frames", lambda *a, **k: called.append(1))
     code = main([str(parts["clip"]), flag, str(cap + 1), "--temperature", "1", "--out", str(tmp_path / "run"),
                  *model_args(parts)])
     err = capsys.readouterr().err
-    assert code == 2 and err == f"error: {flag} must be between 1 and {cap}, got {cap + 1}\n"
+    low = 0 if flag == "--seed" else 1
+    assert code == 2 and err == f"error: {flag} must be between {low} and {cap}, got {cap + 1}\n"
     assert not called and list(tmp_path.iterdir()) == []
 
 
