@@ -253,7 +253,9 @@ def check_results(page, steps):
     assert observed.locator("img").count() == 3, "one image per sampled second of the 3 s clip"
     captions = observed.inner_text()
     assert all(f"t={t}.0s:" in captions for t in range(3)), captions
-    rows = page.locator("#predicted tbody tr")
+    tables = page.locator("#predicted table")  # the captions in full, then the predicted sentences
+    assert tables.count() == 2 and tables.first.locator("tbody tr").count() == 3
+    rows = tables.last.locator("tbody tr")
     assert rows.count() == steps
     assert [rows.nth(k).locator("td").first.inner_text() for k in range(steps)] == [str(s + 1) for s in range(steps)]
     assert all(rows.nth(k).locator("td").nth(1).inner_text().strip() for k in range(steps))
@@ -365,6 +367,7 @@ def test_two_people_at_once_get_their_own_results(server, browser, clip):
     for page in pages:
         page.locator("#run").click()
     statuses = [wait_done(page) for page in pages]
+    assert any("waiting in the queue" in s for s in statuses), "one rollout at a time: the other waited, and says so"
     folders = [run_folder(s) for s in statuses]
     assert folders[0] != folders[1] and all((temp_root / f).is_dir() for f in folders)
     for page, steps in zip(pages, (1, 2)):
