@@ -2,11 +2,13 @@
 
     python -m pipeline.rollout video.mp4 --steps 5 [--preset auto|hub|offline] [--out DIR]
                                 [--interval S | --frames K] [--device D] [--samples K --temperature X --seed S]
-                                [--readout auto|sentences|tokens]
+                                [--readout auto|sentences|tokens] [--on-unknown warn|stop] [--verbose]
 
 `run_rollout(...)` is the Python API that the command and the demo both call. A run folder holds the
 observed and rendered frames, `rollout.json`, `storyboard.png`, `rollout.mp4` and `rollout.gif`. It is
-written beside its destination and renamed into place only when complete.
+written beside its destination and renamed into place only when complete (also on Ctrl-C or SIGTERM, which
+remove it). Every caption carries a grounding score (`encoders.grounding`) and the clip a verdict; frames
+outside the captioner's world are warned about, or refused with `--on-unknown stop`.
 """
 from __future__ import annotations
 
