@@ -25,7 +25,7 @@ import gradio as gr
 
 from encoders.frames import VideoError, VideoInfo, probe_video
 from pipeline.presets import COMPONENTS, PROJECT_ROOT, PresetError, available_presets, choose_preset
-from pipeline.rollout import RolloutError, RolloutResult, run_rollout
+from pipeline.rollout import MAX_SEED, RolloutError, RolloutResult, run_rollout
 from world_model.checkpoint import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -113,12 +113,14 @@ def on_upload(video: str | None, defaults: dict) -> str:
         return f"**Cannot use this clip:** {md_escape(err.message)}"
 
 
-def on_check(video: str | None, steps: float, defaults: dict) -> str:
-    """The quick first step of a run (its only output is the status): refuse a bad request at once."""
+def on_check(video: str | None, steps: float, defaults: dict, seed: float = 0) -> tuple[str, str, float]:
+    """The quick first step of a run: refuse a bad request at once; else the status, an empty out-of-world
+    banner and the time of the click (the rollout may then wait in the queue, and its reported time counts that)."""
     if video is None:
         raise fail(EMPTY_MESSAGE)
     check_steps(steps)
-    return f"**Running** on {describe_clip(*check_clip(video, defaults))} …"
+    check_seed(seed)
+    return f"**Running** on {describe_clip(*check_clip(video, defaults))} …", "", time.time()
 
 
 def check_steps(steps) -> int:
@@ -129,6 +131,16 @@ def check_steps(steps) -> int:
     if steps_int != steps or not 1 <= steps_int <= MAX_STEPS:
         raise fail(f"Steps must be a whole number from 1 to {MAX_STEPS}; got {steps}.")
     return steps_int
+
+
+def check_seed(seed) -> int:
+    try:
+        seed_int = int(seed or 0)
+    except (TypeError, ValueError, OverflowError):
+        raise fail(f"The seed must be a whole number from 0 to {MAX_SEED}; got {seed!r}.") from None
+    if seed_int != (seed or 0) or not 0 <= seed_int <= MAX_SEED:
+        raise fail(f"The seed must be a whole number from 0 to {MAX_SEED}; got {seed:g}.")
+    return seed_int
 
 
 def format_duration(seconds: float) -> str:
@@ -175,14 +187,17 @@ def handle_run(
     *,
     defaults: dict | None = None,
     progress: Callable[[float, str], None] | None = None,
+    clicked_at: float | None = None,
 ) -> tuple:
     """One request: check the inputs, run the rollout in a new folder, and return the outputs
-    (observed gallery, predicted sentences, rendered gallery, video, zip, status). Raises gr.Error
-    with a readable message for anything that goes wrong."""
+    (observed gallery, captions and predicted sentences, rendered gallery, video, zip, status, out-of-world
+    banner). `clicked_at` (time.time() of the click) makes the reported time include the wait in the queue.
+    Raises gr.Error with a readable message for anything that goes wrong."""
     defaults = defaults or {}
     if video is None:
         raise fail(EMPTY_MESSAGE)
     steps_int = check_steps(steps)
+    seed_int = check_seed(seed)
     if not interval or interval <= 0:
         raise fail(f"The sampling interval must be a positive number of seconds; got {interval}.")
     if samples is None or samples != samples or int(samples) < 1:
@@ -202,13 +217,14 @@ def handle_run(
     request = new_request_dir(Path(defaults.get("temp_root") or default_temp_root()))
     run_dir = request / f"{safe_stem(path)}-rollout"
     report = progress or (lambda fraction, message: None)
-    started = time.perf_counter()
+    started = time.time()
+    waited = max(started - clicked_at, 0.0) if clicked_at else 0.0
     try:
         result = run_rollout(
             path, steps=steps_int, out_dir=run_dir, preset=preset if preset != CUSTOM else "auto",
             interval=float(interval), max_frames=int(defaults.get("max_frames", MAX_FRAMES)),
             device=defaults.get("device"), samples=int(samples), temperature=float(temperature or 0.0),
-            seed=int(seed or 0), progress=report, **models,
+            seed=seed_int, progress=report, **models,
         )
         report(1.0, "packing the run folder")
         archive = Path(shutil.make_archive(str(run_dir), "zip", root_dir=request, base_dir=run_dir.name))
@@ -220,11 +236,25 @@ def handle_run(
         shutil.rmtree(request, ignore_errors=True)
         raise fail(f"The rollout failed unexpectedly ({type(err).__name__}: {readable(err, path)}). "
                    "The server log has the details.") from None
-    return outputs(result, archive, request.name, time.perf_counter() - started, int(samples), float(temperature or 0))
+    return outputs(result, archive, request.name, time.time() - started, int(samples), float(temperature or 0),
+                   waited)
+
+
+def unknown_banner(record: dict) -> str:
+    """A banner when frames are outside the captioner's world (`encoders.grounding`), else ""."""
+    grounding = record.get("grounding") or {}
+    if not grounding.get("flagged"):
+        return ""
+    where = "This clip is" if grounding["verdict"] == "outside" else "Part of this clip is"
+    return (f"## ⚠️ {where} outside the models' world\n"
+            f"{grounding['flagged']} of {grounding['frames']} frames look like nothing the captioner "
+            f"(`{md_escape(Path(record['models']['captioner']).name)}`) was trained on, so their captions, the "
+            "predicted sentences and the rendered frames describe that world, not this clip. The offline pack knows "
+            "only its synthetic ball, box and elevator; real footage needs the hub models.")
 
 
 def outputs(result: RolloutResult, archive: Path, request_id: str, seconds: float, samples: int,
-            temperature: float) -> tuple:
+            temperature: float, waited: float = 0.0) -> tuple:
     record, run_dir = result.record, result.run_dir
     observed = [(str(run_dir / o["image"]), f"t={o['timestamp_s']:.1f}s: {o['caption']}") for o in record["observed"]]
     predictions = record["predictions"]
@@ -232,14 +262,20 @@ def outputs(result: RolloutResult, archive: Path, request_id: str, seconds: floa
     rendered = [(str(run_dir / image), f"{f'sample {k + 1}, ' if several else ''}step {s + 1}: {sentence}")
                 for k, p in enumerate(predictions)
                 for s, (image, sentence) in enumerate(zip(p["images"], p["sentences"]))]
-    lines = ["### Predicted sentences"]
+    lines = ["### Captions", "", "| time | caption | in the captioner's world |", "|---:|---|:---:|"]
+    lines += [f"| {o['timestamp_s']:.1f} s | {md_escape(o['caption']) or '*(empty)*'} | "
+              f"{ {True: 'yes', False: '**no**', None: '?'}[(o.get('grounding') or {}).get('grounded')]} |"
+              for o in record["observed"]]
+    lines += ["", "### Predicted sentences"]
     for k, p in enumerate(predictions):
         if several:
             lines.append(f"**Sample {k + 1}**")
         lines += ["", "| step | predicted sentence |", "|---:|---|"]
         lines += [f"| {s + 1} | {md_escape(sentence) or '*(empty)*'} |" for s, sentence in enumerate(p["sentences"])]
         lines.append("")
-    status = [f"**Done** in {seconds:.1f} s: {len(record['observed'])} frames captioned, "
+    took = f"{waited + seconds:.1f} s ({waited:.1f} s waiting in the queue, {seconds:.1f} s running)" if waited >= 0.5 \
+        else f"{seconds:.1f} s"
+    status = [f"**Done** in {took}: {len(record['observed'])} frames captioned, "
               f"{len(predictions[0]['sentences'])} steps predicted.",
               "",
               f"- Run folder: `{request_id}/{run_dir.name}`",
@@ -249,7 +285,7 @@ def outputs(result: RolloutResult, archive: Path, request_id: str, seconds: floa
         status.append("- Temperature 0 is greedy, so one sample was made; raise the temperature for alternatives.")
     status += [f"- Warning: {md_escape(w)}" for w in record["warnings"]]
     video = str(run_dir / "rollout.mp4")
-    return observed, "\n".join(lines), rendered, video, str(archive), "\n".join(status)
+    return observed, "\n".join(lines), rendered, video, str(archive), "\n".join(status), unknown_banner(record)
 
 
 def build_demo(defaults: dict | None = None) -> gr.Blocks:
@@ -294,6 +330,7 @@ def build_demo(defaults: dict | None = None) -> gr.Blocks:
                                         elem_id="samples")
                 run = gr.Button("Run rollout", variant="primary", elem_id="run")
             with gr.Column(scale=2):
+                banner = gr.Markdown(elem_id="unknown_banner")
                 status = gr.Markdown(READY_MESSAGE, elem_id="status")
                 observed = gr.Gallery(label="Sampled frames and their captions", columns=4, height="auto",
                                       object_fit="contain", elem_id="observed")
@@ -306,19 +343,21 @@ def build_demo(defaults: dict | None = None) -> gr.Blocks:
                     archive = gr.File(label="Run folder (zip with rollout.json)", elem_id="run_zip",
                                       interactive=False)
 
+        clicked = gr.State()
+
         def on_run(video_path, steps_value, interval_value, preset_value, seed_value, temperature_value,
-                   samples_value, progress=gr.Progress()):
+                   samples_value, clicked_at, progress=gr.Progress()):
             return handle_run(video_path, steps_value, interval_value, preset_value, seed_value, temperature_value,
-                              samples_value, defaults=defaults,
+                              samples_value, defaults=defaults, clicked_at=clicked_at,
                               progress=lambda fraction, message: progress(fraction, desc=message))
 
         clip.change(lambda path: on_upload(path, defaults), [clip], [status], queue=False, show_progress="hidden",
                     api_visibility="private")
         # A cheap check first (errors then mark only the status), the rollout only when it passes.
-        run.click(lambda path, n: on_check(path, n, defaults), [clip, steps], [status], concurrency_limit=None,
-                  show_progress="hidden", api_visibility="private").success(
-            on_run, [clip, steps, interval, preset_box, seed, temperature, samples],
-            [observed, predicted, rendered, video, archive, status],
+        run.click(lambda path, n, s: on_check(path, n, defaults, s), [clip, steps, seed], [status, banner, clicked],
+                  concurrency_limit=None, show_progress="hidden", api_visibility="private").success(
+            on_run, [clip, steps, interval, preset_box, seed, temperature, samples, clicked],
+            [observed, predicted, rendered, video, archive, status, banner],
             concurrency_limit=int(defaults.get("concurrency", 1)), concurrency_id="rollout", api_name="rollout",
         ).failure(lambda: FAILED_MESSAGE, None, [status], queue=False, show_progress="hidden", api_visibility="private")
     demo.queue(max_size=int(defaults.get("queue_size", 16)))

@@ -24,6 +24,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from encoders.grounding import CAPTION_LOGPROB, FeatureReference, Grounding
+
 DEFAULT_CAPTIONER = "Salesforce/blip-image-captioning-base"
 
 
@@ -86,8 +88,10 @@ class HFCaptioner:
         name: str,
         batch_size: int = 8,
         max_new_tokens: int = 30,
+        reference: FeatureReference | None = None,
     ):
         self.model = model
+        self.reference = reference
         self.image_processor = image_processor
         self.tokenizer = tokenizer
         self.name = name
@@ -104,6 +108,7 @@ class HFCaptioner:
     ) -> HFCaptioner:
         """Load from a hub id or a ``save_pretrained`` folder; fp16 on CUDA, fp32 elsewhere.
 
+        A folder with ``grounding.safetensors`` (``encoders.grounding``) gets calibrated grounding scores.
         Raises ``ModelLoadError`` saying whether the folder lacks files or the hub id is not cached.
         """
         device = default_device(device)
@@ -115,18 +120,43 @@ class HFCaptioner:
         except (OSError, ValueError) as error:
             raise ModelLoadError(explain_load_failure(model_id_or_path, "config.json", error)) from error
         model.to(device).eval()
-        return cls(model, image_processor, tokenizer, str(model_id_or_path), batch_size, max_new_tokens)
+        reference = FeatureReference.load(model_id_or_path) if Path(model_id_or_path).is_dir() else None
+        return cls(model, image_processor, tokenizer, str(model_id_or_path), batch_size, max_new_tokens, reference)
 
-    @torch.inference_mode()
     def __call__(self, images: list[np.ndarray], progress: str | None = None) -> list[str]:
         """Images (H, W, 3) uint8 RGB, any sizes -> one stripped caption per image, in order. With
         ``progress`` (a label), a progress bar counts the batches."""
-        captions = []
+        return self.caption_and_ground(images, progress)[0]
+
+    @torch.inference_mode()
+    def caption_and_ground(self, images: list[np.ndarray], progress: str | None = None
+                           ) -> tuple[list[str], list[Grounding]]:
+        """Captions as ``__call__`` does, and each image's ``Grounding``: the distance of its encoder
+        features to the training strips' when the folder has a reference, else the caption's mean token
+        log-probability (uncalibrated)."""
+        captions, groundings = [], []
         starts = range(0, len(images), self.batch_size)
         for start in tqdm(starts, desc=progress, unit="batch", disable=progress is None):
             batch = images[start : start + self.batch_size]
             inputs = self.image_processor(images=batch, input_data_format="channels_last", return_tensors="pt")
             pixels = inputs["pixel_values"].to(self.model.device, self.model.dtype)
-            ids = self.model.generate(pixel_values=pixels, max_new_tokens=self.max_new_tokens, do_sample=False)
-            captions += [text.strip() for text in self.tokenizer.batch_decode(ids, skip_special_tokens=True)]
-        return captions
+            out = self.model.generate(pixel_values=pixels, max_new_tokens=self.max_new_tokens, do_sample=False,
+                                      output_scores=True, return_dict_in_generate=True)
+            captions += [text.strip() for text in self.tokenizer.batch_decode(out.sequences, skip_special_tokens=True)]
+            if self.reference is not None:
+                groundings += self.reference.ground(self.features(pixels))
+            else:
+                groundings += [Grounding(CAPTION_LOGPROB, lp) for lp in self._mean_logprobs(out).tolist()]
+        return captions, groundings
+
+    def features(self, pixels: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) processed pixels -> (B, D) vision encoder features, mean over tokens (float32, CPU)."""
+        hidden = self.model.get_encoder()(pixel_values=pixels).last_hidden_state  # (B, tokens, D)
+        return hidden.mean(1).float().cpu()
+
+    def _mean_logprobs(self, out) -> torch.Tensor:
+        """(B,) mean log-probability of each generated caption's tokens (padding after the end left out)."""
+        scores = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)  # (B, new)
+        new = out.sequences[:, -scores.shape[1]:]
+        keep = torch.isfinite(scores) & (new != self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else True)
+        return (scores.where(keep, 0).sum(1) / keep.sum(1).clamp_min(1)).float().cpu()

@@ -9,8 +9,14 @@ Rotation metadata (phones store portrait video as landscape frames plus a displa
 applied by OpenCV's auto-rotation (``CAP_PROP_ORIENTATION_AUTO``, set explicitly), so frames
 come out as a player shows them; ``VideoInfo.rotation`` reports the angle that was applied.
 
+Timing comes from the container: each frame's presentation timestamp (``CAP_PROP_POS_MSEC``), not
+frame index / fps, so variable-frame-rate MP4s (as phones write) and AVIs whose index holds empty
+repeat-frame entries are timed right; a sample at time t is the first frame shown at or after t (less
+half a nominal frame), and its ``timestamp`` is that frame's own. Raw streams without timestamps are
+timed as index / fps.
+
 Errors: unusable input raises ``VideoError`` with the reason (missing, empty, not a video, no
-video stream, no decodable frame).  A stream that breaks part-way (truncated download, corrupt
+video stream, frames smaller than ``MIN_SIDE``, no decodable frame).  A stream that breaks part-way (truncated download, corrupt
 data) is not an error: the sampled frames decoded before the break are returned, minus the frame
 right before it (its data may be cut short and patched by the decoder with older pixels), and
 ``SampledClip.warnings`` says what happened.
@@ -19,6 +25,7 @@ right before it (its data may be cut short and patched by the decoder with older
 from __future__ import annotations
 
 import logging
+import math
 import re
 import subprocess
 from collections.abc import Sequence
@@ -34,6 +41,7 @@ logger = logging.getLogger(__name__)
 # Gaps longer than this are seeked over rather than decoded through with grab(). A seek restarts
 # decoding at the previous keyframe, so it only pays off for gaps longer than a typical GOP.
 SEEK_GAP_SECONDS = 5.0
+MIN_SIDE = 16  # pixels: a smaller frame shows nothing a captioner could name
 
 
 class VideoError(ValueError):
@@ -46,17 +54,18 @@ class VideoInfo:
 
     fps: float
     frame_count: int
-    duration: float  # seconds, frame_count / fps
+    duration: float  # seconds, as the container says (frame_count / fps when it does not)
     width: int
     height: int
     rotation: int  # degrees clockwise applied to the stored frames: 0, 90, 180 or 270
+    timed: bool = True  # frames carry presentation timestamps; False for raw streams (timed as index / fps)
 
 
 @dataclass
 class SampledFrame:
     image: np.ndarray  # (H, W, 3) uint8 RGB, rotated upright, longer side <= max_side
-    timestamp: float  # seconds from the start of the stream, index / fps
-    index: int  # frame index in the stream
+    timestamp: float  # seconds from the start of the stream: the frame's presentation timestamp
+    index: int  # round(timestamp * fps): the frame index for constant-rate streams
 
 
 @dataclass
@@ -96,8 +105,8 @@ def sample_frames(
 ) -> SampledClip:
     """Sample frames from ``path``.
 
-    By default one frame every ``interval`` seconds starting at 0 (the frame nearest each time;
-    ``timestamp`` is that frame's own time).  With ``num_frames``, that many frames evenly spaced
+    By default one frame every ``interval`` seconds starting at 0 (the first frame shown at or after
+    each time, less half a nominal frame; ``timestamp`` is that frame's own presentation time).  With ``num_frames``, that many frames evenly spaced
     from the first to the last frame (fewer if the clip is shorter).  If more than ``max_frames``
     would be taken, the plan is thinned evenly to ``max_frames`` (first and last kept) and a
     warning is recorded.  Frames are RGB, upright, and resized (aspect kept, never enlarged) so the
@@ -118,49 +127,76 @@ def sample_frames(
     path = Path(path)
     capture, info = _open(path)
     try:
-        offsets = state_offsets(info.fps, interval, frames_per_state)
-        plan = [i for i in _plan(info, interval, num_frames) if i + offsets[-1] < info.frame_count]
+        offsets = [o / info.fps for o in state_offsets(info.fps, interval, frames_per_state)]  # seconds
+        last = info.duration - 1 / info.fps  # nominal start of the last frame
+        plan = [t for t in _plan(info, interval, num_frames) if t + offsets[-1] <= last + 1e-6]
         if not plan:
             raise VideoError(f"{path} is {info.duration:.2f}s long, shorter than one {interval}s state")
         warnings = []
         if len(plan) > max_frames:
             warnings.append(f"{len(plan)} frames planned; evenly thinned to max_frames={max_frames}")
             plan = [plan[k] for k in np.linspace(0, len(plan) - 1, max_frames).round().astype(int)]
-        wanted = sorted({start + offset for start in plan for offset in offsets})
-        decoded: dict[int, np.ndarray] = {}
-        position = 0  # index of the frame the next grab() decodes
-        seek_gap = round(SEEK_GAP_SECONDS * info.fps)
-        for index in wanted:
-            if index - position > seek_gap:
-                capture.set(cv2.CAP_PROP_POS_FRAMES, index)
-                position = index
-            while position <= index and capture.grab():
-                position += 1
-            ok, bgr = capture.retrieve() if position > index else (False, None)
-            if not ok:
-                break
-            decoded[index] = _to_rgb(bgr, max_side)
+        wanted = sorted({_key(start + offset) for start in plan for offset in offsets})
+        decoded, pts, ended = _decode_at(capture, wanted, info, max_side)
     finally:
         capture.release()
-    if len(decoded) < len(wanted) and decoded and max(decoded) == position - 1:
-        del decoded[max(decoded)]  # the frame just before a break may be cut short and concealed with older pixels
+    broken = ended and pts < last - max(interval, 1.0)  # the stream stopped well before its declared end
+    if broken and decoded:
+        decoded = {t: f for t, f in decoded.items() if f[1] < pts}  # the frame before a break may be cut short
     frames = []
     for start in plan:
-        if any(start + offset not in decoded for offset in offsets):
+        parts = [decoded.get(_key(start + offset)) for offset in offsets]
+        if None in parts:
             break
-        image = np.concatenate([decoded[start + offset] for offset in offsets], axis=1)
-        frames.append(SampledFrame(image, start / info.fps, start))
+        image = np.concatenate([part[0] for part in parts], axis=1)
+        frames.append(SampledFrame(image, parts[0][1], round(parts[0][1] * info.fps)))
     if not frames:
-        raise VideoError(f"No frame of {path} could be decoded (it claims {info.frame_count} frames)")
+        raise VideoError(f"No frame of {path} could be decoded (it claims {info.duration:.2f}s, {info.frame_count} frames)")
     if len(frames) < len(plan):
         warnings.append(
-            f"{path.name}: decoding stopped at frame {position} ({position / info.fps:.2f}s) of "
-            f"{info.frame_count} ({info.duration:.2f}s); returning {len(frames)} of {len(plan)} planned "
-            "frames. The file is probably truncated or corrupt."
+            f"{path.name}: decoding stopped at {pts:.2f}s of {info.duration:.2f}s; returning {len(frames)} of "
+            f"{len(plan)} planned frames. The file is probably truncated or corrupt."
         )
     for message in warnings:
         logger.warning(message)
     return SampledClip(frames, info, warnings)
+
+
+def _key(seconds: float) -> float:
+    return round(seconds, 6)
+
+
+def _decode_at(capture: cv2.VideoCapture, wanted: list[float], info: VideoInfo, max_side: int
+               ) -> tuple[dict[float, tuple[np.ndarray, float]], float, bool]:
+    """For each time in ``wanted`` (sorted seconds), the first frame whose presentation timestamp is at
+    least ``time`` less half a nominal frame, as ``{time: ((h, w, 3) RGB, its timestamp)}``; also the timestamp of the
+    last frame decoded and whether the stream ended before the last wanted time.
+
+    Timestamps are the container's (``CAP_PROP_POS_MSEC``), not frame index / fps, so variable-frame-rate
+    streams and indexes with empty repeat-frame entries (sparse AVIs) are timed right. Gaps longer than
+    ``SEEK_GAP_SECONDS`` are seeked over; the frame a seek lands on is used only by its own timestamp.
+    A raw stream (``info.timed`` False) has no timestamps: it is decoded through, frame n at n / fps.
+    """
+    decoded: dict[float, tuple[np.ndarray, float]] = {}
+    tolerance = 0.5 / info.fps
+    pts, current, count = -math.inf, None, 0  # timestamp, RGB image and number of the frames decoded
+    for time in wanted:
+        if info.timed and time - max(pts, 0.0) > SEEK_GAP_SECONDS:
+            capture.set(cv2.CAP_PROP_POS_MSEC, time * 1000)
+            pts, current = capture.get(cv2.CAP_PROP_POS_MSEC) / 1000, None
+        while pts < time - tolerance:
+            if not capture.grab():
+                return decoded, pts, True
+            count += 1
+            pts = capture.get(cv2.CAP_PROP_POS_MSEC) / 1000 if info.timed else (count - 1) / info.fps
+            current = None
+        if current is None:
+            ok, bgr = capture.retrieve()
+            if not ok:
+                return decoded, pts, True
+            current = _to_rgb(bgr, max_side)
+        decoded[time] = (current, pts)
+    return decoded, pts, False
 
 
 def state_offsets(fps: float, interval: float, frames_per_state: int) -> list[int]:
@@ -170,15 +206,14 @@ def state_offsets(fps: float, interval: float, frames_per_state: int) -> list[in
     return np.unique(np.linspace(0, last, frames_per_state).round().astype(int)).tolist()
 
 
-def _plan(info: VideoInfo, interval: float, num_frames: int | None) -> list[int]:
-    """Sorted, distinct frame indices to sample."""
-    last = info.frame_count - 1
+def _plan(info: VideoInfo, interval: float, num_frames: int | None) -> list[float]:
+    """Sorted, distinct times (seconds) to sample, from 0 to the nominal start of the last frame."""
+    last = max(info.duration - 1 / info.fps, 0.0)
     if num_frames is not None:
         points = np.linspace(0, last, num_frames)
     else:
-        step = interval * info.fps
-        points = np.arange(int(last / step + 1e-9) + 1) * step
-    return np.unique(np.round(points).astype(int)).tolist()
+        points = np.arange(int(last / interval + 1e-9) + 1) * interval
+    return sorted({_key(p) for p in points})
 
 
 def _to_rgb(bgr: np.ndarray, max_side: int) -> np.ndarray:
@@ -207,18 +242,25 @@ def _open(path: Path) -> tuple[cv2.VideoCapture, VideoInfo]:
         capture.release()
         raise VideoError(f"{path} does not report a frame rate")
     frame_count = int(capture.get(cv2.CAP_PROP_FRAME_COUNT))
+    duration = None
     if frame_count <= 0:  # container without a frame count (raw stream): count by decoding
         frame_count = _count_frames(capture)
         capture.release()
         capture = _capture(path)
+    else:  # a raw stream's "duration" would be ffmpeg's guess from its bitrate
+        duration = _container_duration(path)
     info = VideoInfo(
         fps=fps,
         frame_count=frame_count,
-        duration=frame_count / fps,
+        duration=duration or frame_count / fps,
         width=int(capture.get(cv2.CAP_PROP_FRAME_WIDTH)),
         height=int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT)),
         rotation=round(capture.get(cv2.CAP_PROP_ORIENTATION_META)) % 360,
+        timed=duration is not None,
     )
+    if 0 < min(info.width, info.height) < MIN_SIDE:  # 0: not known before decoding
+        capture.release()
+        raise VideoError(f"{path} has {info.width}x{info.height} frames; at least {MIN_SIDE}x{MIN_SIDE} pixels are needed")
     return capture, info
 
 
@@ -235,10 +277,24 @@ def _count_frames(capture: cv2.VideoCapture) -> int:
     return count
 
 
+def _container_duration(path: Path) -> float | None:
+    """The duration the container declares (``ffmpeg -i``'s report), or None when it declares none."""
+    report = _ffmpeg_report(path)
+    found = re.search(r"Duration: (\d+):(\d\d):(\d\d(?:\.\d+)?)", report)
+    if not found:
+        return None
+    hours, minutes, seconds = found.groups()
+    return int(hours) * 3600 + int(minutes) * 60 + float(seconds) or None
+
+
+def _ffmpeg_report(path: Path) -> str:
+    command = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-i", str(path)]
+    return subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=60).stderr
+
+
 def _diagnose(path: Path) -> str:
     """Explain, from ``ffmpeg -i``'s report, why OpenCV could not open ``path``."""
-    command = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-i", str(path)]
-    report = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=60).stderr
+    report = _ffmpeg_report(path)
     streams = {kind.lower() for kind in re.findall(r"Stream #\d+:\d+\S*: (\w+):", report)}
     if "video" in streams:
         return "it has a video stream, but OpenCV's FFmpeg backend cannot decode it"

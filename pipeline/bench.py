@@ -1,6 +1,7 @@
 """Time the video rollout stage by stage, and its memory, on CPU.
 
     python -m pipeline.bench [--preset tiny|offline] [--seconds 10] [--size 640x360] [--steps 5] [--json OUT]
+    python -m pipeline.bench --real-size [--device cpu|cuda]   # the hub models' cost at full size (pipeline.real_size)
 
 Writes a synthetic clip (moving shapes, OpenCV), runs the real `run_rollout` on it on CPU and prints
 the time of each stage (sample_frames, caption, predict, render, write_outputs) in total and per frame
@@ -233,6 +234,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between sampled frames (default 1)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own choice)")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    parser.add_argument("--real-size", action="store_true",
+                        help="time the hub preset's models at full size with random weights instead (no download)")
+    parser.add_argument("--device", help="with --real-size: cpu or cuda (default: cuda when present, else cpu)")
     args = parser.parse_args(argv)
     if not (args.seconds > 0 and math.isfinite(args.seconds)):
         parser.error(f"--seconds must be positive, got {args.seconds}")
@@ -245,6 +249,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.real_size:
+        return real_size_main(args)
     if args.preset == "tiny":
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # only local folders are used: never wait on the hub
     import torch
@@ -301,6 +307,27 @@ def main(argv: list[str] | None = None) -> int:
         "warnings": run.record["warnings"],
     }
     print(format_report(result))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def real_size_main(args: argparse.Namespace) -> int:
+    import torch
+
+    from pipeline.real_size import format_result, measure
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda") or (device == "cuda" and not torch.cuda.is_available()):
+        print(f"error: --device must be cpu or cuda (when CUDA is present), got {device!r}", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with quiet_libraries():
+        result = measure(device, memory=peak_rss)
+    print(format_result(result))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -2,20 +2,26 @@
 
     python -m pipeline.rollout video.mp4 --steps 5 [--preset auto|hub|offline] [--out DIR]
                                 [--interval S | --frames K] [--device D] [--samples K --temperature X --seed S]
-                                [--readout auto|sentences|tokens]
+                                [--readout auto|sentences|tokens] [--on-unknown warn|stop] [--verbose]
 
 `run_rollout(...)` is the Python API that the command and the demo both call. A run folder holds the
 observed and rendered frames, `rollout.json`, `storyboard.png`, `rollout.mp4` and `rollout.gif`. It is
-written beside its destination and renamed into place only when complete.
+written beside its destination and renamed into place only when complete (also on Ctrl-C or SIGTERM, which
+remove it). Every caption carries a grounding score (`encoders.grounding`) and the clip a verdict; frames
+outside the captioner's world are warned about, or refused with `--on-unknown stop`.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
+import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -28,6 +34,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from encoders.frames import VideoError, sample_frames
+from encoders.grounding import clip_verdict
 from pipeline.presets import PresetError, available_presets, choose_preset, resolve_model_path
 from pipeline.windows import caption_window, decode_states
 from world_model.checkpoint import CheckpointError, replace_dir
@@ -36,6 +43,11 @@ from world_model.models import Predictor
 from world_model.models import load_predictor as load_predictor_folder
 
 Progress = Callable[[float, str], None]
+ON_UNKNOWN = ("warn", "stop")
+MAX_STEPS = 64  # predicted states per run
+MAX_SAMPLES = 16  # alternative futures per run
+MAX_FRAMES = 256  # sampled frames per run
+MAX_SEED = 2**32 - 1
 
 
 class RolloutError(RuntimeError):
@@ -122,6 +134,7 @@ def run_rollout(
     init_from_last_frame: bool = False,
     fps: float = 2.0,
     overwrite: bool = False,
+    on_unknown: str = "warn",
     progress: Progress | None = None,
 ) -> RolloutResult:
     """Read a clip, predict its next `steps` states and render them.
@@ -146,15 +159,21 @@ def run_rollout(
             `sentences` requires the known sentences; `tokens` always reads tokens off freely.
         init_from_last_frame: render each state image-to-image from the last observed frame.
         fps: frame rate of rollout.mp4 / rollout.gif.
+        on_unknown: what to do when frames are outside the captioner's world (`encoders.grounding`):
+            `warn` (default) records and prints a warning, `stop` raises RolloutError before predicting.
         progress: optional callback `progress(fraction, message)` (the demo passes gr.Progress).
     """
     timings: dict[str, float] = {}
     report = progress or (lambda fraction, message: None)
-    if steps < 1:
-        raise RolloutError(f"--steps must be at least 1, got {steps}")
-    if samples < 1:
-        raise RolloutError(f"--samples must be at least 1, got {samples}")
+    if not 1 <= steps <= MAX_STEPS:
+        raise RolloutError(f"--steps must be between 1 and {MAX_STEPS}, got {steps}")
+    if not 1 <= samples <= MAX_SAMPLES:
+        raise RolloutError(f"--samples must be between 1 and {MAX_SAMPLES}, got {samples}")
     check_settings(interval, num_frames, max_frames, temperature, top_k, fps)
+    if not 0 <= seed <= MAX_SEED:
+        raise RolloutError(f"--seed must be between 0 and {MAX_SEED}, got {seed}")
+    if on_unknown not in ON_UNKNOWN:
+        raise RolloutError(f"--on-unknown must be one of {', '.join(ON_UNKNOWN)}, got {on_unknown!r}")
     if readout not in READOUTS:
         raise RolloutError(f"--readout must be one of {', '.join(READOUTS)}, got {readout!r}")
     video = Path(video)
@@ -188,7 +207,14 @@ def run_rollout(
         start = time.perf_counter()
         report(0.3, f"captioning {len(clip)} frames")
         images = [f.image for f in clip]
-        captions = cap(images)
+        if hasattr(cap, "caption_and_ground"):
+            captions, groundings = cap.caption_and_ground(images)
+        else:  # a captioner that gives no score
+            captions, groundings = cap(images), [None] * len(images)
+        verdict = clip_verdict(groundings)
+        unknown = unknown_warning(verdict, groundings, names["captioner"])
+        if unknown and on_unknown == "stop":
+            raise RolloutError(f"{unknown} (--on-unknown stop)")
         timings["caption"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -204,11 +230,8 @@ def run_rollout(
         timings["predict"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        rendered = []
-        for k, prediction in enumerate(tqdm(predictions, desc="rendering", disable=len(predictions) == 1)):
-            report(0.6 + 0.3 * k / len(predictions), f"rendering {steps} predicted states")
-            init = [images[-1]] * steps if init_from_last_frame else None
-            rendered.append(ren(prediction["sentences"], seed=seed + k, init_images=init))
+        rendered = render_states(ren, [p["sentences"] for p in predictions], seed,
+                                 images[-1] if init_from_last_frame else None, report)
         timings["render"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -225,13 +248,15 @@ def run_rollout(
                          "readout": readout_name(candidates),
                          "samples": len(predictions), "init_from_last_frame": init_from_last_frame},
             "observed": [{"timestamp_s": round(f.timestamp, 3), "frame_index": f.index, "caption": text,
-                          "image": f"observed/{i:03d}.png"} for i, (f, text) in enumerate(zip(clip, captions))],
+                          "grounding": g.as_dict() if g else None, "image": f"observed/{i:03d}.png"}
+                         for i, (f, text, g) in enumerate(zip(clip, captions, groundings))],
+            "grounding": verdict,
             "window": {"states": window.states, "token_ids": window.token_ids[0].tolist()},
             "oov": {"tokens": window.tokens, "unknown": window.unknown, "rate": round(window.oov_rate, 4),
                     "unknown_words": window.unknown_words},
             "predictions": [{**p, "images": [f"rendered/sample{k}_step{s + 1:02d}.png" for s in range(steps)]}
                             for k, p in enumerate(predictions)],
-            "warnings": list(clip.warnings),
+            "warnings": [unknown] * bool(unknown) + list(clip.warnings),
         }
         if window.tokens and window.unknown == window.tokens:
             record["warnings"].append("every caption word is outside the predictor's vocabulary: "
@@ -248,6 +273,35 @@ def run_rollout(
     return RolloutResult(out_dir, record, images, rendered)
 
 
+def render_states(ren, futures: list[list[str]], seed: int, init: np.ndarray | None,
+                  report: Progress) -> list[list[np.ndarray]]:
+    """Render each sample's sentences one state at a time (sample k with seed + k), with a progress bar
+    on stderr and `report` after every state; (H, W, 3) uint8 images per [sample][step]."""
+    total = sum(len(f) for f in futures)
+    rendered, done = [], 0
+    with tqdm(total=total, desc="rendering", unit="state", disable=None) as bar:
+        for k, sentences in enumerate(futures):
+            images = []
+            for sentence in sentences:
+                report(0.6 + 0.3 * done / total, f"rendering predicted state {done + 1} of {total}")
+                images += ren([sentence], seed=seed + k, init_images=None if init is None else [init])
+                done += 1
+                bar.update()
+            rendered.append(images)
+    return rendered
+
+
+def unknown_warning(verdict: dict, groundings: list, captioner: str) -> str:
+    """The warning for frames outside the captioner's world, or "" when every frame is grounded (or unscored)."""
+    if not verdict["flagged"]:
+        return ""
+    threshold = next(g.threshold for g in groundings if g is not None)
+    where = "the clip is" if verdict["verdict"] == "outside" else "part of the clip is"
+    return (f"{where} outside the captioner's world: {verdict['flagged']} of {verdict['frames']} frames lie far from "
+            f"what {captioner} was trained on (feature distance to its training frames above {threshold:.1f}); "
+            "their captions, the prediction and the renders describe that world, not this clip")
+
+
 def check_settings(interval: float, num_frames: int | None, max_frames: int, temperature: float,
                    top_k: int | None, fps: float) -> None:
     """Refuse settings that would fail late (after the model work) or obscurely, before anything runs."""
@@ -255,8 +309,8 @@ def check_settings(interval: float, num_frames: int | None, max_frames: int, tem
         raise RolloutError(f"--interval must be a positive number of seconds, got {interval}")
     if num_frames is not None and num_frames < 1:
         raise RolloutError(f"--frames must be at least 1, got {num_frames}")
-    if max_frames < 1:
-        raise RolloutError(f"--max-frames must be at least 1, got {max_frames}")
+    if not 1 <= max_frames <= MAX_FRAMES:
+        raise RolloutError(f"--max-frames must be between 1 and {MAX_FRAMES}, got {max_frames}")
     if not (math.isfinite(temperature) and temperature >= 0):
         raise RolloutError(f"--temperature must be 0 (greedy) or positive, got {temperature}")
     if top_k is not None and top_k < 1:
@@ -304,21 +358,23 @@ def fit(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m pipeline.rollout", description=__doc__.split("\n\n")[0])
     parser.add_argument("video", type=Path, help="the clip to read")
-    parser.add_argument("--steps", type=int, default=5, help="predicted future states (default 5)")
+    parser.add_argument("--steps", type=int, default=5, help=f"predicted future states (default 5, at most {MAX_STEPS})")
     parser.add_argument("--preset", default="auto", help=f"model preset: {', '.join(available_presets())} (default auto)")
     parser.add_argument("--out", type=Path, help="run folder (default runs/<clip>-<time>)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
     sampling = parser.add_mutually_exclusive_group()
     sampling.add_argument("--interval", type=float, default=1.0, help="seconds between sampled frames (default 1.0)")
     sampling.add_argument("--frames", type=int, help="sample this many evenly spaced frames instead")
-    parser.add_argument("--max-frames", type=int, default=32, help="cap on sampled frames (default 32)")
+    parser.add_argument("--max-frames", type=int, default=32,
+                        help=f"cap on sampled frames (default 32, at most {MAX_FRAMES})")
     parser.add_argument("--frames-per-state", type=int,
                         help="frames tiled into each state strip (default: the preset's, else 1)")
     parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--captioner", help="image-to-text model: hub id or folder (overrides the preset)")
     parser.add_argument("--renderer", help="text-to-image model: hub id or folder (overrides the preset)")
     parser.add_argument("--predictor", help="4-tensor checkpoint folder (overrides the preset)")
-    parser.add_argument("--samples", type=int, default=1, help="alternative futures (needs --temperature > 0)")
+    parser.add_argument("--samples", type=int, default=1,
+                        help=f"alternative futures (needs --temperature > 0; at most {MAX_SAMPLES})")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, help="sample only among the k likeliest words")
     parser.add_argument("--seed", type=int, default=0, help="seed for sampling and rendering")
@@ -327,6 +383,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "off freely; auto (default): sentences when the predictor folder lists them")
     parser.add_argument("--init-from-last-frame", action="store_true", help="image-to-image from the last observed frame")
     parser.add_argument("--fps", type=float, default=2.0, help="frame rate of rollout.mp4 (default 2)")
+    parser.add_argument("--on-unknown", choices=ON_UNKNOWN, default="warn",
+                        help="frames outside the captioner's world: warn (default) or stop before predicting")
+    parser.add_argument("--verbose", action="store_true",
+                        help="keep the libraries' loading bars and advisory warnings on stderr")
     parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
     return parser.parse_args(argv)
 
@@ -334,7 +394,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def summary(result: RolloutResult) -> str:
     r = result.record
     lines = [f"preset: {r['preset']} ({r['preset_reason']})"]
-    lines += [f"  t={o['timestamp_s']:>6.1f}s  {o['caption']}" for o in r["observed"]]
+    lines += [f"  t={o['timestamp_s']:>6.1f}s  {o['caption']}"
+              + ("  [outside the captioner's world]" if (o["grounding"] or {}).get("grounded") is False else "")
+              for o in r["observed"]]
     for k, p in enumerate(r["predictions"]):
         lines.append(f"predicted{'' if len(r['predictions']) == 1 else f' (sample {k + 1})'}:")
         lines += [f"  step {s + 1}: {text}" for s, text in enumerate(p["sentences"])]
@@ -345,8 +407,34 @@ def summary(result: RolloutResult) -> str:
     return "\n".join(lines)
 
 
+def stop_on_sigterm(signum, frame) -> None:
+    """SIGTERM ends a run as Ctrl-C does: the exception unwinds through run_rollout, which removes its staging folder."""
+    raise SystemExit(128 + signum)
+
+
+def quiet_libraries() -> None:
+    """Silence transformers', diffusers' and huggingface_hub's loading bars and advisory warnings, OpenCV's
+    and FFmpeg's decoder messages and the frame sampler's log (its warnings reach the summary anyway)."""
+    import diffusers
+    import huggingface_hub
+    import transformers
+
+    os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")  # AV_LOG_QUIET, read when a capture opens
+    os.environ.setdefault("OPENCV_LOG_LEVEL", "ERROR")
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    diffusers.logging.set_verbosity_error()
+    diffusers.logging.disable_progress_bar()
+    huggingface_hub.utils.disable_progress_bars()
+    logging.getLogger("encoders").setLevel(logging.ERROR)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if not args.verbose:
+        quiet_libraries()
+    in_main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
+    previous = signal.signal(signal.SIGTERM, stop_on_sigterm) if in_main_thread else None
     try:
         result = run_rollout(
             args.video, steps=args.steps, out_dir=args.out, preset=args.preset, interval=args.interval,
@@ -354,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
             captioner=args.captioner, renderer=args.renderer,
             predictor=args.predictor, device=args.device, samples=args.samples, temperature=args.temperature,
             top_k=args.top_k, seed=args.seed, readout=args.readout, init_from_last_frame=args.init_from_last_frame, fps=args.fps,
-            overwrite=args.overwrite,
+            overwrite=args.overwrite, on_unknown=args.on_unknown,
         )
         print(summary(result))
     except (RolloutError, PresetError, VideoError, CheckpointError, ValueError, OSError) as err:
@@ -368,6 +456,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unexpected failure ({type(err).__name__}: {err}); rerun with --debug for the traceback",
               file=sys.stderr)
         return 1
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
     return 0
 
 

@@ -22,6 +22,9 @@ CAPTION_WIDTH = 30  # characters per caption line in storyboards
 CAPTION_LINES = 6
 CAPTION_INCHES = 1.2  # storyboard height below each row of frames, for up to CAPTION_LINES lines
 TITLE_INCHES = 0.4
+MAX_COLUMNS = 8  # storyboard cells per row; more wrap onto the next row
+MAX_SECTION_ROWS = 4  # rows per section (observed, predicted); more cells are thinned evenly
+MAX_ASPECT = 2.0  # frames taller than this (height / width) are drawn narrower, not taller
 
 
 def write_video(frames: list[np.ndarray], path: str | Path, fps: float = 2) -> Path:
@@ -55,25 +58,33 @@ def write_storyboard(
     path: str | Path,
     title: str | None = None,
 ) -> Path:
-    """Write a PNG with the observed frames in the top row and the predicted ones in the bottom
-    row, each (H, W, 3) uint8 RGB image above its caption (wrapped).  Timestamps or step labels
-    go in the caption strings.  The PNG is 300 px wide per column; a row is as high as its tallest frame
-    at that width plus its captions (wide state strips make a short board, square frames a taller one)."""
-    columns = max(len(observed), len(predicted))
+    """Write a PNG with the observed frames in the top section and the predicted ones below, each
+    (H, W, 3) uint8 RGB image above its caption (wrapped).  Timestamps or step labels go in the caption
+    strings.  The PNG is 300 px wide per column, at most ``MAX_COLUMNS`` columns: longer sections wrap
+    onto further rows, at most ``MAX_SECTION_ROWS`` each (more cells are thinned evenly, first and last
+    kept, and the title says so), so the board is at most 2,400 px wide and 8 rows high.  A row is as
+    high as its tallest frame at that width (``MAX_ASPECT`` at most) plus its captions."""
+    columns = min(max(len(observed), len(predicted)), MAX_COLUMNS)
     if columns == 0:
         raise ValueError("nothing to draw: no observed and no predicted frames")
-    aspect = max(image.shape[0] / image.shape[1] for image, _ in [*observed, *predicted])  # height / width
-    height = 2 * (3 * aspect + CAPTION_INCHES) + (TITLE_INCHES if title else 0)
+    sections = [("observed", _thin(observed, columns * MAX_SECTION_ROWS)), ("predicted", _thin(predicted, columns * MAX_SECTION_ROWS))]
+    shown = [f"{len(cells)} of {len(full)} {label}" for (label, cells), full in zip(sections, (observed, predicted))
+             if len(cells) < len(full)]
+    if shown:
+        title = f"{title or ''} (showing {', '.join(shown)})".strip()
+    rows = [max(1, -(-len(cells) // columns)) for _, cells in sections]
+    aspect = min(max(image.shape[0] / image.shape[1] for image, _ in [*observed, *predicted]), MAX_ASPECT)
+    height = sum(rows) * (3 * aspect + CAPTION_INCHES) + (TITLE_INCHES if title else 0)
     figure = Figure(figsize=(3 * columns, height), dpi=100, layout="constrained")
-    axes = figure.subplots(2, columns, squeeze=False)
-    for row, (label, cells) in enumerate((("observed", observed), ("predicted", predicted))):
-        axes[row, 0].set_ylabel(label, fontsize=12, fontweight="bold")
-        for column, ax in enumerate(axes[row]):
+    axes = figure.subplots(sum(rows), columns, squeeze=False)
+    for first, n_rows, (label, cells) in zip((0, rows[0]), rows, sections):
+        axes[first, 0].set_ylabel(label, fontsize=12, fontweight="bold")
+        for k, ax in enumerate(axes[first:first + n_rows].flat):
             ax.set_xticks([])
             ax.set_yticks([])
             ax.spines[:].set_visible(False)
-            if column < len(cells):
-                image, caption = cells[column]
+            if k < len(cells):
+                image, caption = cells[k]
                 ax.imshow(image)
                 wrapped = textwrap.wrap(caption, CAPTION_WIDTH, max_lines=CAPTION_LINES, placeholder=" ...")
                 ax.set_xlabel("\n".join(wrapped), fontsize=9)
@@ -82,6 +93,13 @@ def write_storyboard(
     with _replacing(Path(path)) as tmp:
         figure.savefig(tmp, format="png")
     return Path(path)
+
+
+def _thin(cells: list, limit: int) -> list:
+    """At most ``limit`` of ``cells``, evenly spaced, first and last kept."""
+    if len(cells) <= limit:
+        return cells
+    return [cells[k] for k in np.linspace(0, len(cells) - 1, limit).round().astype(int)]
 
 
 def _frame_size(frames: list[np.ndarray]) -> tuple[int, int]:

@@ -84,6 +84,28 @@ def write_test_clip(
     return path
 
 
+def write_timed_clip(path: str | Path, timestamps: list[float], size: tuple[int, int] = (160, 96)) -> Path:
+    """Write a clip whose frame ``i`` is shown at ``timestamps[i]`` seconds (multiples of 0.2), as phones
+    write variable-frame-rate MP4s: an H.264 ``.mp4`` keeps the timestamps; an MJPEG ``.avi`` at 10 fps
+    fills the gaps with empty repeat-frame index entries. Frame ``i`` draws the square of
+    ``write_test_clip`` at ``square_left(i, len(timestamps), width)``."""
+    path = Path(path)
+    width, height = size
+    expression = "0"
+    for i in reversed(range(len(timestamps))):
+        expression = f"if(eq(N\\,{i})\\,{timestamps[i]}\\,{expression})"
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(len(timestamps)):
+            frame = np.full((height, width, 3), BACKGROUND, np.uint8)
+            left = square_left(i, len(timestamps), width)
+            frame[SQUARE_TOP : SQUARE_TOP + SQUARE_SIZE, left : left + SQUARE_SIZE] = SQUARE_RGB[::-1]
+            cv2.imwrite(f"{tmp}/{i:03d}.png", frame)
+        codec = ["-enc_time_base", "1/10", "-c:v", "mjpeg"] if path.suffix == ".avi" else ["-bf", "0", "-c:v", "libx264", "-pix_fmt", "yuv420p"]
+        run_ffmpeg("-framerate", "25", "-i", f"{tmp}/%03d.png", "-vf", f"setpts=({expression})/TB",
+                   "-fps_mode", "passthrough", *codec, str(path))
+    return path
+
+
 def write_audio_only(path: str | Path, seconds: float = 1.0) -> Path:
     """Write an AAC-in-MP4 file with a sine tone and no video stream."""
     run_ffmpeg("-f", "lavfi", "-i", f"sine=duration={seconds}", "-c:a", "aac", str(path))

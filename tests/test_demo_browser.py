@@ -122,6 +122,42 @@ def test_pipeline_errors_become_readable_messages_and_leave_no_folder(clip, tmp_
     assert list((tmp_path / "runs").iterdir()) == []
 
 
+@pytest.mark.parametrize("seed", [1e20, -1, 2.5, float("nan")])
+def test_seeds_outside_the_generator_range_are_refused(clip, no_rollout, seed):
+    with pytest.raises(gr.Error, match=rf"The seed must be a whole number from 0 to {demo_module.MAX_SEED}"):
+        handle_run(str(clip), 2, seed=seed)
+    with pytest.raises(gr.Error, match="The seed must be"):
+        demo_module.on_check(str(clip), 2, {}, seed)
+
+
+def flagged_record(flags):
+    """A rollout.json record whose frames are in (True) or outside (False) the captioner's world."""
+    observed = [{"timestamp_s": float(t), "caption": "the large green ball bounces off the floor " * 3, "image": "x.png",
+                 "grounding": {"kind": "feature_distance", "score": 30.0 if not f else 3.0, "threshold": 15.6, "grounded": f}}
+                for t, f in enumerate(flags)]
+    return {"observed": observed, "models": {"captioner": "/somewhere/offline_pack/captioner"},
+            "grounding": {"verdict": "outside" if flags.count(False) * 2 >= len(flags) else "partly outside",
+                          "frames": len(flags), "flagged": flags.count(False)},
+            "predictions": [{"sentences": ["a ball falls down ."], "images": ["y.png"]}], "preset": "offline",
+            "preset_reason": "asked", "oov": {"rate": 0.0}, "warnings": []}
+
+
+def test_outputs_show_the_banner_the_full_captions_and_the_queue_wait(tmp_path):
+    from pipeline.rollout import RolloutResult
+
+    def show(flags, waited):
+        result = RolloutResult(tmp_path, flagged_record(flags), [], [])
+        return demo_module.outputs(result, tmp_path / "run.zip", "req", 25.0, 1, 0.0, waited)
+
+    _, tables, _, _, _, status, banner = show([False, False], 35.0)
+    assert banner.startswith("## ⚠️ This clip is outside the models' world") and "2 of 2 frames" in banner
+    assert "**Done** in 60.0 s (35.0 s waiting in the queue, 25.0 s running)" in status
+    assert tables.count("the large green ball bounces off the floor " * 2) == 2, "full captions, not cut"
+    assert tables.count("| **no** |") == 2
+    assert show([True, True], 0.0)[-1] == "" and "**Done** in 25.0 s:" in show([True, True], 0.0)[-2]
+    assert show([True, False, True], 0.0)[-1].startswith("## ⚠️ Part of this clip is outside")
+
+
 # ---------------------------------------------------------------- the served page, in Chromium
 
 
@@ -217,7 +253,9 @@ def check_results(page, steps):
     assert observed.locator("img").count() == 3, "one image per sampled second of the 3 s clip"
     captions = observed.inner_text()
     assert all(f"t={t}.0s:" in captions for t in range(3)), captions
-    rows = page.locator("#predicted tbody tr")
+    tables = page.locator("#predicted table")  # the captions in full, then the predicted sentences
+    assert tables.count() == 2 and tables.first.locator("tbody tr").count() == 3
+    rows = tables.last.locator("tbody tr")
     assert rows.count() == steps
     assert [rows.nth(k).locator("td").first.inner_text() for k in range(steps)] == [str(s + 1) for s in range(steps)]
     assert all(rows.nth(k).locator("td").nth(1).inner_text().strip() for k in range(steps))
@@ -242,13 +280,38 @@ def test_upload_and_run_shows_every_output(server, browser, clip, shots):
     set_steps(page, 2)
     page.locator("#run").click()
     # run_rollout's progress messages reach the page through gr.Progress (the first run also loads the models)
-    stage = re.compile(r"loading models|captioning \d+ frames|predicting|rendering 2 predicted")
+    stage = re.compile(r"loading models|captioning \d+ frames|predicting|rendering predicted state")
     page.get_by_text(stage).first.wait_for()
     status = wait_done(page)
     check_results(page, steps=2)
     assert (temp_root / run_folder(status)).is_dir()
+    assert page.locator("#unknown_banner").inner_text().strip() == "", "no banner: the tiny captioner is uncalibrated"
     page.locator("#rendered").scroll_into_view_if_needed()
     page.screenshot(path=shots / "rollout.png", full_page=True)
+    page.context.close()
+
+
+def test_a_clip_outside_the_captioners_world_gets_a_banner(server, browser, clip, monkeypatch, shots):
+    from encoders.grounding import FEATURE_DISTANCE, Grounding
+    from pipeline import rollout as rollout_module
+
+    caption = "the large green ball bounces off the floor and the elevator goes up to floor three"
+
+    class OutsideCaptioner:  # as the offline pack's captioner does on real footage
+        def caption_and_ground(self, images):
+            return [caption] * len(images), [Grounding(FEATURE_DISTANCE, 40.0, 15.6, False)] * len(images)
+
+    monkeypatch.setattr(rollout_module, "load_captioner", lambda *args: OutsideCaptioner())
+    url, _ = server
+    page = open_page(browser, url)
+    upload(page, clip)
+    set_steps(page, 1)
+    page.locator("#run").click()
+    wait_done(page)
+    banner = page.locator("#unknown_banner").inner_text()
+    assert "This clip is outside the models' world" in banner and "3 of 3 frames" in banner
+    assert page.locator("#predicted").inner_text().count(caption) == 3, "the full captions are readable"
+    page.screenshot(path=shots / "outside_world.png", full_page=True)
     page.context.close()
 
 
@@ -304,6 +367,7 @@ def test_two_people_at_once_get_their_own_results(server, browser, clip):
     for page in pages:
         page.locator("#run").click()
     statuses = [wait_done(page) for page in pages]
+    assert any("waiting in the queue" in s for s in statuses), "one rollout at a time: the other waited, and says so"
     folders = [run_folder(s) for s in statuses]
     assert folders[0] != folders[1] and all((temp_root / f).is_dir() for f in folders)
     for page, steps in zip(pages, (1, 2)):

@@ -186,3 +186,36 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
             sample_frames(path)
         with pytest.raises(VideoError, match=message):
             probe_video(path)
+
+
+TIMES = [0.0, 0.2, 0.4, 0.6, 1.6, 1.8, 2.0, 2.2, 2.4, 4.0, 4.2, 5.0]  # shown-at times of a gappy clip
+
+
+@pytest.mark.parametrize("suffix", [".mp4", ".avi"])  # variable frame rate; empty repeat-frame index entries
+def test_timestamps_come_from_the_container(tmp_path, suffix):
+    from tests.model_factories import write_timed_clip
+
+    path = write_timed_clip(tmp_path / f"timed{suffix}", TIMES)
+    info = probe_video(path)
+    result = sample_frames(path, interval=1.0)
+    assert result.warnings == [], "a clip with gaps between its frames is not truncated"
+    # each state shows the first frame shown at or after its time (half a nominal frame early counts)
+    expected = [next(i for i, t in enumerate(TIMES) if t >= start - 0.5 / info.fps) for start in range(len(result))]
+    assert [f.timestamp for f in result] == pytest.approx([TIMES[i] for i in expected], abs=1e-3)
+    assert len(result) >= 4 and result[3].timestamp == pytest.approx(4.0), "frame index / fps would say 3.0 s"
+    for frame, i in zip(result, expected):
+        _, _, left, _ = square_bbox(frame.image)
+        assert abs(left - square_left(i, len(TIMES), WIDTH)) <= 2, "the image is the frame of that timestamp"
+    if suffix == ".avi":
+        assert info.frame_count > len(TIMES), "the index counts the repeat entries as frames"
+
+
+def test_frames_smaller_than_the_minimum_are_refused(tmp_path):
+    from encoders.frames import MIN_SIDE
+
+    path = tmp_path / "tiny.mp4"
+    run_ffmpeg("-f", "lavfi", "-i", "color=c=red:size=2x2:duration=2:rate=10", "-c:v", "libx264", "-pix_fmt", "yuv420p",
+               str(path))
+    with pytest.raises(VideoError, match=f"2x2 frames; at least {MIN_SIDE}x{MIN_SIDE} pixels"):
+        sample_frames(path)
+    assert probe_video(write_test_clip(tmp_path / "ok.mp4", 1.0, FPS, (MIN_SIDE, MIN_SIDE))).width == MIN_SIDE

@@ -115,3 +115,18 @@ def test_bad_frames_are_rejected_before_writing(tmp_path, frames, message):
         with pytest.raises(ValueError, match=message):
             writer(frames, tmp_path / name)
     assert not any(tmp_path.iterdir())
+
+
+def test_storyboard_wraps_into_a_grid_of_bounded_size(tmp_path):
+    from renderers.outputs import MAX_COLUMNS, MAX_SECTION_ROWS
+
+    frame = np.full((96, 96, 3), 200, np.uint8)
+    observed = [(frame, f"t={t}s: a caption") for t in range(250)]
+    predicted = [(frame, f"step {s}: a caption") for s in range(12)]
+    image = iio.imread(write_storyboard(observed, predicted, tmp_path / "board.png", title="long.mp4"))
+    assert image.shape[1] == MAX_COLUMNS * 300, "wrapped, not one 75,000 px row"
+    rows = MAX_SECTION_ROWS + 2  # observed thinned to the row cap; 12 predicted cells wrap onto 2 rows
+    one_row = iio.imread(write_storyboard(observed[:MAX_COLUMNS], [], tmp_path / "row.png")).shape[0] / 2
+    assert image.shape[0] <= rows * one_row + 60
+    tall = [(np.full((512, 16, 3), 200, np.uint8), "a very tall frame")] * 3
+    assert iio.imread(write_storyboard(tall, tall, tmp_path / "tall.png")).shape[0] < 2 * 800, "tall frames drawn narrower"

@@ -46,3 +46,25 @@ def test_known_sentences_in_the_checkpoint_restrict_every_step(tmp_path, capsys)
     said = {s for p in result["predictions"] for s in p}
     assert said <= {"he ate a sandwich!", "tom was hungry."} and len(said) == 2, said
     assert predict(["Tom was hungry."], ckpt, steps=1, readout="tokens")["readout"] == "tokens"
+
+
+def test_empty_sentences_and_unbounded_steps_are_refused_before_loading(tmp_path, capsys):
+    from world_model.predict import MAX_SAMPLES, MAX_STEPS
+
+    missing = str(tmp_path / "never-read")  # checked after the request: a refusal must not need it
+    for args, says in ((["", "--steps", "1"], "sentence 1 is empty"), (["Tom.", " ,, "], "sentence 2 is empty"),
+                       (["Tom.", "--steps", str(MAX_STEPS + 1)], f"between 1 and {MAX_STEPS}"),
+                       (["Tom.", "--steps", "0"], f"between 1 and {MAX_STEPS}"),
+                       (["Tom.", "--samples", str(MAX_SAMPLES + 1)], f"between 1 and {MAX_SAMPLES}")):
+        assert main(["--checkpoint", missing, *args]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and says in err and err.count("\n") == 1
+
+
+def test_a_sentence_longer_than_the_slots_is_truncated_with_a_warning(tmp_path, capsys):
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")
+    long = " ".join(["tom was hungry"] * 700) + "."  # 2,101 tokens
+    assert main(["--checkpoint", str(ckpt), "Tom was hungry.", long]) == 0
+    err = capsys.readouterr().err
+    assert err == "warning: sentence 2 has 2101 tokens; the predictor reads only its first 16\n"
+    assert predict(["Tom was hungry."], ckpt)["warnings"] == []

@@ -23,18 +23,25 @@ from pipeline.windows import caption_window, decode_states
 from world_model.checkpoint import CheckpointError
 from world_model.decoding import READOUTS, readout_candidates
 from world_model.models import load_predictor
+from world_model.vocab import tokenize
 
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "pretrained" / "rocstories-cpu"
+MAX_STEPS = 64  # predicted sentences per request
+MAX_SAMPLES = 16  # alternative futures per request
 
 
 def predict(sentences: list[str], checkpoint: str | Path = SHIPPED_CHECKPOINT, steps: int = 1, samples: int = 1,
             temperature: float = 0.0, top_k: int | None = None, seed: int = 0, readout: str = "auto") -> dict:
     """The predicted next `steps` sentences for each sample, with the window and its unknown words;
-    `readout` as in `world_model.decoding.readout_candidates`."""
+    `readout` as in `world_model.decoding.readout_candidates`. Raises ValueError for an empty sentence or
+    `steps` / `samples` outside 1..MAX_STEPS / 1..MAX_SAMPLES; `warnings` names sentences cut to the slot count."""
+    check_request(sentences, steps, samples)
     model, vocab, known = load_predictor(checkpoint)
     candidates = readout_candidates(known, readout, checkpoint)
     c = model.config
     window = caption_window(sentences, vocab, c.n_states, c.n_tokens)
+    warnings = [f"sentence {i} has {n} tokens; the predictor reads only its first {c.n_tokens}"
+                for i, n in enumerate((len(tokenize(s)) for s in sentences), 1) if n > c.n_tokens]
     generator = torch.Generator().manual_seed(seed)
     futures = []
     for _ in range(samples if temperature > 0 else 1):
@@ -42,15 +49,29 @@ def predict(sentences: list[str], checkpoint: str | Path = SHIPPED_CHECKPOINT, s
                             top_k=top_k, generator=generator, candidates=candidates)[0]
         futures.append(decode_states(ids, vocab))
     return {"checkpoint": str(checkpoint), "readout": "tokens" if candidates is None else "sentences", "window": window.states, "unknown_words": window.unknown_words,
-            "predictions": futures}
+            "predictions": futures, "warnings": warnings}
+
+
+def check_request(sentences: list[str], steps: int, samples: int) -> None:
+    """Refuse empty sentences and unbounded work before loading anything."""
+    if not sentences:
+        raise ValueError("give at least one observed sentence")
+    for i, sentence in enumerate(sentences, 1):
+        if not any(ch.isalnum() for ch in sentence):
+            raise ValueError(f"sentence {i} is empty: every observed sentence needs at least one word")
+    if not 1 <= steps <= MAX_STEPS:
+        raise ValueError(f"--steps must be between 1 and {MAX_STEPS}, got {steps}")
+    if not 1 <= samples <= MAX_SAMPLES:
+        raise ValueError(f"--samples must be between 1 and {MAX_SAMPLES}, got {samples}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m world_model.predict", description=__doc__.split("\n\n")[0])
     parser.add_argument("sentences", nargs="+", help="observed sentences, oldest first")
     parser.add_argument("--checkpoint", default=str(SHIPPED_CHECKPOINT), help="predictor folder (default: the shipped one)")
-    parser.add_argument("--steps", type=int, default=1, help="sentences to predict (default 1)")
-    parser.add_argument("--samples", type=int, default=1, help="alternative futures (needs --temperature > 0)")
+    parser.add_argument("--steps", type=int, default=1, help=f"sentences to predict (default 1, at most {MAX_STEPS})")
+    parser.add_argument("--samples", type=int, default=1,
+                        help=f"alternative futures (needs --temperature > 0; at most {MAX_SAMPLES})")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int)
     parser.add_argument("--seed", type=int, default=0)
@@ -65,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    for warning in result["warnings"]:
+        print(f"warning: {warning}", file=sys.stderr)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0

@@ -1,0 +1,92 @@
+"""Bounded work in the rollout: documented caps, a progress report per rendered state, a storyboard of
+bounded size, and SIGTERM cleaning up like Ctrl-C."""
+import os
+import signal
+
+import pytest
+import torch
+
+from pipeline import rollout as rollout_module
+from pipeline.rollout import MAX_FRAMES, MAX_SAMPLES, MAX_SEED, MAX_STEPS, main, run_rollout
+from tests.model_factories import make_tiny_blip, make_tiny_sd, one_torch_thread, write_test_clip
+from world_model.four_tensor import FourTensorConfig, FourTensorModel
+from world_model.vocab import Vocabulary
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    with one_torch_thread():
+        vocab = Vocabulary.build(["a ball falls down ."])
+        torch.manual_seed(0)
+        FourTensorModel(FourTensorConfig(vocab_size=len(vocab), d_x=4, d_t=2, n_heads=1, n_layers=1)
+                        ).save_pretrained(root / "predictor", vocab=vocab)
+        yield {"captioner": str(make_tiny_blip(root / "blip")), "renderer": str(make_tiny_sd(root / "sd")),
+               "predictor": str(root / "predictor"), "clip": write_test_clip(root / "clip.mp4", seconds=3.0, fps=10)}
+
+
+def model_args(parts):
+    return [x for k in ("captioner", "renderer", "predictor") for x in (f"--{k}", parts[k])]
+
+
+@pytest.mark.parametrize("flag, cap", [("--steps", MAX_STEPS), ("--samples", MAX_SAMPLES), ("--max-frames", MAX_FRAMES),
+                                       ("--seed", MAX_SEED)])
+def test_settings_above_their_cap_are_refused_before_any_work(parts, tmp_path, capsys, monkeypatch, flag, cap):
+    called = []
+    monkeypatch.setattr(rollout_module, "sample_frames", lambda *a, **k: called.append(1))
+    code = main([str(parts["clip"]), flag, str(cap + 1), "--temperature", "1", "--out", str(tmp_path / "run"),
+                 *model_args(parts)])
+    err = capsys.readouterr().err
+    low = 0 if flag == "--seed" else 1
+    assert code == 2 and err == f"error: {flag} must be between {low} and {cap}, got {cap + 1}\n"
+    assert not called and list(tmp_path.iterdir()) == []
+
+
+def test_rendering_reports_progress_after_every_state(parts, tmp_path):
+    seen = []
+    with one_torch_thread():
+        result = run_rollout(parts["clip"], steps=2, samples=2, temperature=1.0, out_dir=tmp_path / "run",
+                             progress=lambda fraction, message: seen.append(message),
+                             **{k: parts[k] for k in ("captioner", "renderer", "predictor")})
+    assert [m for m in seen if m.startswith("rendering")] == [f"rendering predicted state {i} of 4" for i in range(1, 5)]
+    assert [len(images) for images in result.rendered] == [2, 2]
+
+
+def test_sigterm_mid_run_removes_the_staging_folder(parts, tmp_path, monkeypatch):
+    def terminated_renderer(*args):
+        def render(prompts, seed=0, init_images=None):
+            os.kill(os.getpid(), signal.SIGTERM)  # as `kill PID` from another shell would
+            raise AssertionError("SIGTERM did not stop the run")
+
+        return render
+
+    monkeypatch.setattr(rollout_module, "load_renderer", terminated_renderer)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stopped, one_torch_thread():
+        main([str(parts["clip"]), "--steps", "1", "--out", str(tmp_path / "run"), *model_args(parts)])
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert list(tmp_path.iterdir()) == [], "no run folder and no hidden staging folder"
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_hub_preset_without_network_or_cache_fails_at_once_with_one_line(parts, tmp_path, capsys, monkeypatch):
+    from pipeline import presets
+
+    asked = []
+    monkeypatch.setattr(presets, "hub_model_available", lambda model_id: asked.append(model_id) or False)
+    called = []
+    monkeypatch.setattr(rollout_module, "sample_frames", lambda *a, **k: called.append(1))
+    code = main([str(parts["clip"]), "--preset", "hub", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    hub = presets.load_preset("hub")
+    assert code == 2 and err.startswith("error: --preset hub: ") and err.count("\n") == 1
+    assert hub["captioner"] in err and "--preset offline" in err
+    assert asked == [hub["captioner"], hub["renderer"]] and not called
+
+
+def test_library_noise_is_quiet_unless_verbose(parts, tmp_path, capfd):
+    with one_torch_thread():
+        code = main([str(parts["clip"]), "--steps", "1", "--out", str(tmp_path / "run"), *model_args(parts)])
+    captured = capfd.readouterr()
+    assert code == 0 and "wrote" in captured.out
+    assert captured.err == "", "no loading bars, library advice or decoder messages on stderr"
