@@ -1,0 +1,299 @@
+"""Sentence-bank readout: predict whole sentences of open text, picked from a bank of corpus sentences.
+
+The 4-tensor model reads each word slot of the next sentence off its own distribution p_xv (section 3.7); on
+open-ended stories the per-slot winners come from different sentences and read as none ("he he to kitchen.").
+The bank readout scores every sentence of a bank (the training stories' sentences, about 100,000) as the next
+state with the model's per-slot log-likelihood (`world_model.decoding.slot_log_likelihood`, one gather per
+candidate), divided by the candidate's length to the power `length_power` (the summed score alone favours the
+shortest sentences), and takes the best. Two rules keep the result about the story being told:
+
+- **Names.** A bank sentence about "Anna" is scored and returned about the window's own people: the person
+  names of a bank sentence, in order of first appearance, are replaced by those of the window, in order of
+  first appearance ("Anna's" by "Tom's" when the vocabulary has it). Names are the words the bank's own text
+  capitalises mid-sentence and follows with a verb (`find_names`).
+- **Repeat guard.** A sentence already in the window is never predicted again, so a rollout does not loop.
+
+A predictor folder carries its bank as sentence_bank.json.gz (`save_bank`, `python -m world_model.sentence_bank`);
+any folder with one reads its states off the bank unless told otherwise (`resolve_readout`).
+
+    python -m world_model.sentence_bank --data ../shared/data/rocstories --out world_model/pretrained/rocstories-cpu
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import re
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from world_model.decoding import KNOWN_SENTENCES_NAME, READOUTS, choose_candidates, slot_log_likelihood
+from world_model.vocab import PAD_ID, UNK_ID, UnknownWordError, Vocabulary, tokenize
+
+BANK_NAME = "sentence_bank.json.gz"  # in a predictor folder: {"sentences": [...], "names": [...], "source": ...}
+BANK_READOUTS = (*READOUTS[:2], "bank", READOUTS[2])  # auto, sentences (known), bank, tokens
+LENGTH_POWER = 1.0  # score = summed slot log-likelihood / length ** LENGTH_POWER (docs/readout/selection.md)
+_WORD = re.compile(r"[^\W_]+(?:['\-][^\W_]+)*")
+_VERB_LIKE = frozenset("was had went got is did took made saw felt knew told said gave ran came thought found bought "
+                       "could would and".split())  # a person's name is often followed by one, or by an -ed word
+
+
+def find_names(sentences: Sequence[str], min_count: int = 3, capitalised: float = 0.9, verb_after: float = 0.3) -> list[str]:
+    """Person names in cased text, lower-cased, most frequent first.
+
+    A name is an alphabetic word of two letters or more, seen at least `min_count` times past the first word of
+    a sentence and capitalised there at least a `capitalised` share of the time (a proper noun), that is followed
+    by a verb-like word (`_VERB_LIKE` or a word ending in -ed) at least a `verb_after` share of all its
+    occurrences (a person rather than a place, a day or a language). The thresholds were set by reading the
+    lists they give on the ROCStories training stories.
+    """
+    mid, mid_capitalised, total, before_verb = Counter(), Counter(), Counter(), Counter()
+    for sentence in sentences:
+        words = _WORD.findall(sentence)
+        lower = [w.lower() for w in words]
+        for i, (word, low) in enumerate(zip(words, lower)):
+            total[low] += 1
+            if i + 1 < len(lower) and (lower[i + 1] in _VERB_LIKE or lower[i + 1].endswith("ed")):
+                before_verb[low] += 1
+            if i > 0:
+                mid[low] += 1
+                mid_capitalised[low] += word[0].isupper()
+    names = [w for w, n in mid.items() if n >= min_count and w.isalpha() and len(w) > 1 and w != "i"
+             and mid_capitalised[w] >= capitalised * n and before_verb[w] >= verb_after * total[w]]
+    return sorted(names, key=lambda w: (-total[w], w))
+
+
+def distinct_sentences(sentences: Sequence[str], n_tokens: int) -> list[str]:
+    """The sentences, first occurrence of each token sequence kept, without those longer than `n_tokens` tokens
+    (they could never be predicted whole)."""
+    kept: dict[tuple[str, ...], str] = {}
+    for sentence in sentences:
+        tokens = tuple(tokenize(sentence))
+        if 0 < len(tokens) <= n_tokens:
+            kept.setdefault(tokens, " ".join(sentence.split()))
+    return list(kept.values())
+
+
+def save_bank(folder: str | os.PathLike, sentences: Sequence[str], names: Sequence[str], source: str) -> Path:
+    """Write FOLDER/sentence_bank.json.gz (gzip with a fixed time stamp, so equal banks are equal files)."""
+    if not sentences:
+        raise ValueError("a sentence bank needs at least one sentence")
+    path = Path(folder) / BANK_NAME
+    payload = json.dumps({"source": source, "names": list(names), "sentences": list(sentences)}, ensure_ascii=False)
+    with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
+        f.write(payload.encode("utf-8"))
+    return path
+
+
+@dataclass
+class SentenceBank:
+    """A bank encoded for one vocabulary: candidates (C, N) and where their person names sit.
+
+    Name slots are listed as parallel (E,) tensors: the candidate row, the slot, the rank of the name within its
+    sentence (0 for the first distinct name, 1 for the next, ...) and whether the slot is the possessive ("anna's").
+    """
+
+    candidates: torch.Tensor  # (C, N) token ids, right-padded with PAD_ID
+    name_row: torch.Tensor  # (E,)
+    name_slot: torch.Tensor  # (E,)
+    name_rank: torch.Tensor  # (E,)
+    name_possessive: torch.Tensor  # (E,) bool
+    name_ids: dict[int, int]  # id of a name or its possessive -> id of the name
+    possessive_ids: dict[int, int]  # id of a name -> id of its possessive, where the vocabulary has one
+
+    @classmethod
+    def encode(cls, sentences: Sequence[str], names: Sequence[str], vocab: Vocabulary, n_tokens: int,
+               where: str = "the bank") -> "SentenceBank":
+        """Encode `sentences` with `vocab`; ValueError naming the sentence for an unknown word or one longer than
+        `n_tokens` tokens, and for an empty bank."""
+        if not sentences:
+            raise ValueError(f"{where} holds no sentences; a bank readout needs at least one")
+        rows = []
+        for number, sentence in enumerate(sentences, 1):
+            tokens = tokenize(sentence)
+            if not tokens or len(tokens) > n_tokens:
+                raise ValueError(f"{where}, sentence {number} ({sentence!r}): {len(tokens)} tokens, expected 1 to "
+                                 f"the model's {n_tokens} slots")
+            unknown = sorted({t for t in tokens if t not in vocab})
+            if unknown:
+                raise ValueError(f"{where}, sentence {number} ({sentence!r}): {UnknownWordError(unknown)}; was the bank "
+                                 "built for this checkpoint's vocabulary?")
+            rows.append(vocab.encode(sentence, n_tokens))
+        name_ids = {vocab.stoi[w]: vocab.stoi[w] for w in names if w in vocab}
+        possessive_ids = {vocab.stoi[w]: vocab.stoi[f"{w}'s"] for w in names if w in vocab and f"{w}'s" in vocab}
+        name_ids.update({p: n for n, p in possessive_ids.items()})
+        found = []  # (row, slot, rank, possessive)
+        for row, ids in enumerate(rows):
+            ranks: dict[int, int] = {}
+            for slot, token in enumerate(ids):
+                if token in name_ids:
+                    base = name_ids[token]
+                    found.append((row, slot, ranks.setdefault(base, len(ranks)), token != base))
+        table = torch.tensor(found, dtype=torch.long).reshape(-1, 4)
+        return cls(torch.tensor(rows, dtype=torch.long), *table[:, :3].T, table[:, 3].bool(), name_ids, possessive_ids)
+
+    def context_names(self, window: torch.Tensor) -> list[int]:
+        """Distinct name ids of a window (T, N), possessives read as their name, in order of first appearance."""
+        return list(dict.fromkeys(self.name_ids[t] for t in window.flatten().tolist() if t in self.name_ids))
+
+    def substitute(self, names: list[int]) -> torch.Tensor:
+        """The candidates (C, N) with their names replaced by `names` (rank r -> names[r], where there is one)."""
+        if not names or not len(self.name_row):
+            return self.candidates
+        names_t = torch.tensor(names)
+        possessives = torch.tensor([self.possessive_ids.get(n, -1) for n in names])
+        use = self.name_rank < len(names)
+        rank = self.name_rank[use]
+        new = torch.where(self.name_possessive[use], possessives[rank], names_t[rank])
+        keep = new >= 0  # a possessive the vocabulary lacks keeps the bank's own name
+        out = self.candidates.clone()
+        out[self.name_row[use][keep], self.name_slot[use][keep]] = new[keep]
+        return out
+
+
+def load_bank(folder: str | os.PathLike, vocab: Vocabulary, n_tokens: int) -> SentenceBank | None:
+    """The bank of a predictor folder's sentence_bank.json.gz, or None when the folder has none; ValueError
+    naming the file when it is unreadable or does not fit `vocab` and `n_tokens`."""
+    path = Path(folder) / BANK_NAME
+    if not path.is_file():
+        return None
+    try:
+        payload = json.loads(gzip.decompress(path.read_bytes()).decode("utf-8"))
+        sentences, names = payload["sentences"], payload["names"]
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"{path} is not a sentence bank (gzip JSON with 'sentences' and 'names'): {err}") from err
+    return SentenceBank.encode(sentences, names, vocab, n_tokens, where=str(path))
+
+
+def next_state_scores(model, window: torch.Tensor, candidates: torch.Tensor, log_probs: torch.Tensor | None,
+                      length_power: float) -> torch.Tensor:
+    """Scores (C,) of each candidate (C, N) as the next state of one window (1, T, N), divided by its content
+    length ** `length_power`. `log_probs` (1, N, V) are the 4-tensor model's per-slot log-probabilities of this
+    window; None for a model that scores sentences itself (the flat baseline's `score_sentences`)."""
+    if log_probs is None:
+        scores = model.score_sentences(window, candidates)[0]
+    else:
+        scores = slot_log_likelihood(log_probs, candidates, PAD_ID)[0]
+    length = (candidates != PAD_ID).sum(dim=1).float()
+    return scores / length ** length_power
+
+
+def slot_log_probs(model, window: torch.Tensor) -> torch.Tensor | None:
+    """Per-slot log-probabilities (B, N, V) of the next state for the 4-tensor model, padding and the unknown
+    word excluded as in its own readout; None for a model with `score_sentences` (the flat baseline)."""
+    if hasattr(model, "score_sentences"):
+        return None
+    logits = model.last_slice_logits(window).float()
+    logits[..., [PAD_ID, UNK_ID]] = float("-inf")
+    return logits.log_softmax(dim=-1)
+
+
+@torch.no_grad()
+def bank_rollout(model, window: torch.Tensor, steps: int, bank: SentenceBank, temperature: float = 0.0,
+                 top_k: int | None = None, generator: torch.Generator | None = None, names: bool = True,
+                 guard: bool = True, length_power: float = LENGTH_POWER) -> torch.Tensor:
+    """Predict `steps` states of each window (B, T, N) -> (B, steps, N), each a bank sentence.
+
+    Each step scores the bank for every window (`next_state_scores`), with the window's names substituted when
+    `names`, and sentences already in the window excluded when `guard`; it takes the best (temperature 0) or
+    samples from softmax(score / temperature) within the top_k, then slides the window as `model.rollout` does.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    window, n_states = window.long(), model.config.n_states
+    predicted = []
+    for _ in range(steps):
+        log_probs = slot_log_probs(model, window)
+        states = []
+        for b in range(len(window)):
+            candidates = bank.substitute(bank.context_names(window[b])) if names else bank.candidates
+            scores = next_state_scores(model, window[b : b + 1], candidates,
+                                       None if log_probs is None else log_probs[b : b + 1], length_power)
+            if guard:
+                seen = (candidates[:, None, :] == window[b][None, :, :]).all(dim=-1).any(dim=-1)  # (C,)
+                scores = scores.masked_fill(seen, float("-inf"))  # every candidate seen: argmax falls back to row 0
+            states.append(choose_candidates(scores[None], candidates, temperature, top_k, generator)[0])
+        state = torch.stack(states)  # (B, N)
+        predicted.append(state)
+        window = torch.cat([window, state[:, None]], dim=1)[:, -n_states:]
+    return torch.stack(predicted, dim=1)
+
+
+@dataclass
+class Readout:
+    """How a predictor reads its states off: "tokens" (the paper's per-slot readout), "sentences" (a known
+    closed set, `world_model.decoding`) or "bank" (this module)."""
+
+    kind: str
+    known: torch.Tensor | None = None  # (C, N) for "sentences"
+    bank: SentenceBank | None = None  # for "bank"
+
+    @property
+    def name(self) -> str:
+        """For records and tables."""
+        if self.kind == "tokens":
+            return "tokens"
+        count = len(self.known) if self.kind == "sentences" else len(self.bank.candidates)
+        return f"sentences ({count} known)" if self.kind == "sentences" else f"bank ({count} sentences)"
+
+    def rollout(self, model, window: torch.Tensor, steps: int, end_ids: Sequence[int], temperature: float = 0.0,
+                top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Predicted states (B, steps, N) of windows (B, T, N); `end_ids` end a sentence of the tokens readout."""
+        if self.kind == "bank":
+            return bank_rollout(model, window, steps, self.bank, temperature, top_k, generator)
+        return model.rollout(window, steps, end_ids=end_ids, temperature=temperature, top_k=top_k,
+                             generator=generator, candidates=self.known)
+
+
+def resolve_readout(folder: str | os.PathLike, known: torch.Tensor | None, readout: str, vocab: Vocabulary,
+                    n_tokens: int) -> Readout:
+    """The readout a predictor folder gets: `auto` takes its known sentences, else its sentence bank, else
+    tokens; `sentences` and `bank` require the file; `tokens` reads tokens off freely."""
+    if readout not in BANK_READOUTS:
+        raise ValueError(f"readout must be one of {', '.join(BANK_READOUTS)}, got {readout!r}")
+    if readout == "tokens":
+        return Readout("tokens")
+    if readout == "sentences" or (readout == "auto" and known is not None):
+        if known is None:
+            raise ValueError(f"readout 'sentences' needs {KNOWN_SENTENCES_NAME} in the predictor folder {folder}, "
+                             "which has none; use readout 'tokens'")
+        return Readout("sentences", known=known)
+    bank = load_bank(folder, vocab, n_tokens)
+    if bank is None and readout == "bank":
+        raise ValueError(f"readout 'bank' needs {BANK_NAME} in the predictor folder {folder}, which has none; build "
+                         "one with python -m world_model.sentence_bank, or use readout 'tokens'")
+    return Readout("tokens") if bank is None else Readout("bank", bank=bank)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from world_model.rocstories import load_corpus
+
+    parser = argparse.ArgumentParser(prog="python -m world_model.sentence_bank",
+                                     description="Write a predictor folder's sentence bank from ROCStories training stories.")
+    parser.add_argument("--data", required=True, help="ROCStories folder (its training stories make the bank)")
+    parser.add_argument("--out", required=True, help="predictor folder (gets sentence_bank.json.gz)")
+    parser.add_argument("--stories", type=int, help="only the first K training stories")
+    args = parser.parse_args(argv)
+    try:
+        config = json.loads((Path(args.out) / "config.json").read_text())
+        vocab = Vocabulary.load(args.out)
+        stories = load_corpus(args.data).train[: args.stories]
+        sentences = distinct_sentences([s for story in stories for s in story.sentences], config["n_tokens"])
+        names = find_names(sentences)
+        SentenceBank.encode(sentences, names, vocab, config["n_tokens"])  # fails now, not when a rollout loads it
+        path = save_bank(args.out, sentences, names, source=f"{len(stories)} training stories of {args.data}")
+    except (OSError, ValueError, KeyError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"{path}: {len(sentences)} sentences, {len(names)} names, {path.stat().st_size / 1e6:.2f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
