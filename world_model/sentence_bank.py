@@ -33,7 +33,7 @@ from typing import Sequence
 
 import torch
 
-from world_model.decoding import KNOWN_SENTENCES_NAME, READOUTS, choose_candidates, slot_log_likelihood
+from world_model.decoding import KNOWN_SENTENCES_NAME, READOUTS, choose_candidates
 from world_model.vocab import PAD_ID, UNK_ID, UnknownWordError, Vocabulary, tokenize
 
 BANK_NAME = "sentence_bank.json.gz"  # in a predictor folder: {"sentences": [...], "names": [...], "source": ...}
@@ -107,6 +107,12 @@ class SentenceBank:
     name_ids: dict[int, int]  # id of a name or its possessive -> id of the name
     possessive_ids: dict[int, int]  # id of a name -> id of its possessive, where the vocabulary has one
 
+    def __post_init__(self) -> None:
+        """A hash (C,) of every candidate row, to find the rows equal to a window's states fast."""
+        generator = torch.Generator().manual_seed(0)
+        self.hash_weights = torch.randint(1, 2**40, (self.candidates.shape[1],), generator=generator)  # (N,)
+        self.hashes = (self.candidates * self.hash_weights).sum(dim=1)
+
     @classmethod
     def encode(cls, sentences: Sequence[str], names: Sequence[str], vocab: Vocabulary, n_tokens: int,
                where: str = "the bank") -> "SentenceBank":
@@ -142,18 +148,29 @@ class SentenceBank:
         """Distinct name ids of a window (T, N), possessives read as their name, in order of first appearance."""
         return list(dict.fromkeys(self.name_ids[t] for t in window.flatten().tolist() if t in self.name_ids))
 
-    def substitute(self, names: list[int]) -> torch.Tensor:
-        """The candidates (C, N) with their names replaced by `names` (rank r -> names[r], where there is one)."""
-        if not names or not len(self.name_row):
-            return self.candidates
-        names_t = torch.tensor(names)
-        possessives = torch.tensor([self.possessive_ids.get(n, -1) for n in names])
+    def name_edits(self, names: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The edits that put `names` into the bank (rank r -> names[r], where there is one): rows (E',),
+        slots (E',) and new ids (E',). A possessive the vocabulary lacks keeps the bank's own name."""
         use = self.name_rank < len(names)
+        if not names or not use.any():
+            return self.name_row[:0], self.name_slot[:0], self.name_row[:0]
         rank = self.name_rank[use]
-        new = torch.where(self.name_possessive[use], possessives[rank], names_t[rank])
-        keep = new >= 0  # a possessive the vocabulary lacks keeps the bank's own name
-        out = self.candidates.clone()
-        out[self.name_row[use][keep], self.name_slot[use][keep]] = new[keep]
+        possessives = torch.tensor([self.possessive_ids.get(n, -1) for n in names])
+        new = torch.where(self.name_possessive[use], possessives[rank], torch.tensor(names)[rank])
+        keep = new >= 0
+        return self.name_row[use][keep], self.name_slot[use][keep], new[keep]
+
+    def substitute_edits(self, edits: tuple[torch.Tensor, ...], rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The candidates (C, N), or those of `rows` (R,) -> (R, N), with `edits` (`name_edits`) applied."""
+        edit_rows, slots, new = edits
+        if rows is None:
+            out = self.candidates.clone()
+            out[edit_rows, slots] = new
+            return out
+        out = self.candidates[rows]  # (R, N), a copy
+        for r, row in enumerate(rows.tolist()):
+            hit = edit_rows == row
+            out[r, slots[hit]] = new[hit]
         return out
 
 
@@ -171,27 +188,48 @@ def load_bank(folder: str | os.PathLike, vocab: Vocabulary, n_tokens: int) -> Se
     return SentenceBank.encode(sentences, names, vocab, n_tokens, where=str(path))
 
 
-def next_state_scores(model, window: torch.Tensor, candidates: torch.Tensor, log_probs: torch.Tensor | None,
-                      length_power: float) -> torch.Tensor:
-    """Scores (C,) of each candidate (C, N) as the next state of one window (1, T, N), divided by its content
-    length ** `length_power`. `log_probs` (1, N, V) are the 4-tensor model's per-slot log-probabilities of this
-    window; None for a model that scores sentences itself (the flat baseline's `score_sentences`)."""
-    if log_probs is None:
-        scores = model.score_sentences(window, candidates)[0]
-    else:
-        scores = slot_log_likelihood(log_probs, candidates, PAD_ID)[0]
-    length = (candidates != PAD_ID).sum(dim=1).float()
-    return scores / length ** length_power
-
-
 def slot_log_probs(model, window: torch.Tensor) -> torch.Tensor | None:
     """Per-slot log-probabilities (B, N, V) of the next state for the 4-tensor model, padding and the unknown
     word excluded as in its own readout; None for a model with `score_sentences` (the flat baseline)."""
     if hasattr(model, "score_sentences"):
         return None
-    logits = model.last_slice_logits(window).float()
+    logits = model.last_slice_logits(window).float().clone()
     logits[..., [PAD_ID, UNK_ID]] = float("-inf")
     return logits.log_softmax(dim=-1)
+
+
+def bank_scores(bank: SentenceBank, edits: tuple[torch.Tensor, ...], log_probs: torch.Tensor | None = None,
+                model=None, window: torch.Tensor | None = None) -> torch.Tensor:
+    """Log-likelihood (C,) of every bank sentence, with `edits` (`name_edits`) applied, as the next state.
+
+    For the 4-tensor model, from its per-slot `log_probs` (N, V) of one window: the sum over content slots
+    of log_probs[n, candidate[n]] (`slot_log_likelihood`), computed as one gather over the bank and a correction
+    at the edited slots, so the substituted bank is never written. Otherwise `model.score_sentences` on the
+    window (1, T, N) and the substituted bank (the flat baseline).
+    """
+    if log_probs is None:
+        return model.score_sentences(window, bank.substitute_edits(edits))[0]
+    n_tokens, vocab_size = log_probs.shape
+    table = log_probs.masked_fill(torch.arange(vocab_size) == PAD_ID, 0.0).flatten()  # a padding slot adds 0
+    offsets = torch.arange(n_tokens) * vocab_size  # slot n's row of the flattened (N, V) table
+    scores = table[bank.candidates + offsets].sum(dim=1)  # (C,)
+    rows, slots, new = edits
+    old = bank.candidates[rows, slots]
+    return scores.index_add_(0, rows, table[offsets[slots] + new] - table[offsets[slots] + old])
+
+
+def seen_in_window(bank: SentenceBank, edits: tuple[torch.Tensor, ...], window: torch.Tensor) -> torch.Tensor:
+    """Which bank sentences (C,) bool, with `edits` applied, equal a state of the window (T, N): a hash of each
+    row narrows the search, an exact comparison decides."""
+    rows, slots, new = edits
+    weights = bank.hash_weights
+    hashes = bank.hashes.clone().index_add_(0, rows, (new - bank.candidates[rows, slots]) * weights[slots])
+    maybe = torch.isin(hashes, (window * weights).sum(dim=1)).nonzero().flatten()
+    seen = torch.zeros(len(hashes), dtype=torch.bool)
+    if len(maybe):
+        rows_now = bank.substitute_edits(edits, maybe)  # (M, N)
+        seen[maybe] = (rows_now[:, None, :] == window[None]).all(dim=-1).any(dim=-1)
+    return seen
 
 
 @torch.no_grad()
@@ -200,25 +238,30 @@ def bank_rollout(model, window: torch.Tensor, steps: int, bank: SentenceBank, te
                  guard: bool = True, length_power: float = LENGTH_POWER) -> torch.Tensor:
     """Predict `steps` states of each window (B, T, N) -> (B, steps, N), each a bank sentence.
 
-    Each step scores the bank for every window (`next_state_scores`), with the window's names substituted when
-    `names`, and sentences already in the window excluded when `guard`; it takes the best (temperature 0) or
-    samples from softmax(score / temperature) within the top_k, then slides the window as `model.rollout` does.
+    Each step scores the bank for every window (`bank_scores`), with the window's names put in when `names`,
+    divides each score by the sentence's length ** `length_power`, excludes sentences already in the window
+    when `guard` (unless that excludes them all), takes the best (temperature 0) or samples from
+    softmax(score / temperature) within the top_k, and slides the window as `model.rollout` does.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     window, n_states = window.long(), model.config.n_states
+    index = torch.arange(len(bank.candidates))[:, None]  # (C, 1): `choose_candidates` then returns row numbers
+    length = (bank.candidates != PAD_ID).sum(dim=1).float() ** length_power  # (C,)
     predicted = []
     for _ in range(steps):
         log_probs = slot_log_probs(model, window)
         states = []
         for b in range(len(window)):
-            candidates = bank.substitute(bank.context_names(window[b])) if names else bank.candidates
-            scores = next_state_scores(model, window[b : b + 1], candidates,
-                                       None if log_probs is None else log_probs[b : b + 1], length_power)
+            edits = bank.name_edits(bank.context_names(window[b]) if names else [])
+            scores = bank_scores(bank, edits, None if log_probs is None else log_probs[b], model, window[b : b + 1])
+            scores = scores / length
             if guard:
-                seen = (candidates[:, None, :] == window[b][None, :, :]).all(dim=-1).any(dim=-1)  # (C,)
-                scores = scores.masked_fill(seen, float("-inf"))  # every candidate seen: argmax falls back to row 0
-            states.append(choose_candidates(scores[None], candidates, temperature, top_k, generator)[0])
+                seen = seen_in_window(bank, edits, window[b])
+                if not seen.all():
+                    scores = scores.masked_fill(seen, float("-inf"))
+            row = choose_candidates(scores[None], index, temperature, top_k, generator)[0]  # (1,)
+            states.append(bank.substitute_edits(edits, row)[0])
         state = torch.stack(states)  # (B, N)
         predicted.append(state)
         window = torch.cat([window, state[:, None]], dim=1)[:, -n_states:]

@@ -1,0 +1,240 @@
+"""Readability of a predictor's next sentences, per readout: the paper's per-slot tokens against the sentence bank.
+
+    python -m world_model.readout_eval --checkpoint world_model/pretrained/rocstories-cpu \
+        --data ../shared/data/rocstories --out docs/readout
+    python -m world_model.readout_eval --checkpoint ... --data ... --out docs/readout --select
+
+The first scores the 3,742 cloze contexts (sentences 1-4; the right ending is the true next sentence) with
+the checkpoint's own bank. `--select` chooses the bank's settings on training stories instead: the last
+`--heldout` training stories are the contexts and a bank is built from the others, so no validation story
+and no true next sentence is in it. Each writes `results.json` / `selection.json` and a Markdown table.
+
+Measures, for one predicted sentence per context:
+- well-formed (bigrams, trigrams): ends with `.`, `!` or `?` and every token bigram (trigram), sentence start
+  and end included, occurs in the training stories; the true next sentences' own shares show how often the
+  test rejects real sentences it has not seen;
+- word F1: overlap of the predicted and true word tokens (punctuation left out), as multisets;
+- slot accuracy: the share of the true sentence's slots whose token the prediction has in the same slot
+  (the token accuracy of L_S(4), for the chosen sentence);
+- exact: the prediction is the true sentence; `in_bank` counts contexts whose true sentence is in the bank;
+- repeats: over a 5-step rollout, the share of rollouts that predict a sentence already in the window or
+  predicted before.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from world_model.models import load_predictor
+from world_model.rocstories import encode_windows, load_corpus
+from world_model.sentence_bank import LENGTH_POWER, SentenceBank, bank_rollout, distinct_sentences, find_names, load_bank
+from world_model.vocab import PAD_ID, SENTENCE_END_TOKENS, Vocabulary, tokenize
+
+EXAMPLES = 10  # fixed contexts shown side by side: every (contexts // EXAMPLES)-th one, from the first
+ROLLOUT_STEPS = 5
+
+
+def ngrams(tokens: list[str], n: int) -> list[tuple[str, ...]]:
+    """The token n-grams of a sentence, with "<s>" before its first token and "</s>" after its last."""
+    padded = ["<s>", *tokens, "</s>"]
+    return list(zip(*(padded[i:] for i in range(n))))
+
+
+def attested(sentences: list[str], n: int) -> set[tuple[str, ...]]:
+    """Every token n-gram of the sentences (`ngrams`)."""
+    return {gram for s in sentences for gram in ngrams(tokenize(s), n)}
+
+
+def well_formed(tokens: list[str], grams: set[tuple[str, ...]], n: int) -> bool:
+    """Ends with sentence-final punctuation and every n-gram (with start and end) is attested in `grams`."""
+    return bool(tokens) and tokens[-1] in SENTENCE_END_TOKENS and all(g in grams for g in ngrams(tokens, n))
+
+
+def word_f1(predicted: list[str], true: list[str]) -> float:
+    """F1 of the word tokens (those with a letter or digit) of two sentences, as multisets."""
+    p, t = (Counter(w for w in ws if any(ch.isalnum() for ch in w)) for ws in (predicted, true))
+    common = sum((p & t).values())
+    return 0.0 if common == 0 else 2 * common / (sum(p.values()) + sum(t.values()))
+
+
+def predict(model, windows: torch.Tensor, readout: dict, vocab: Vocabulary, bank: SentenceBank | None,
+            steps: int = 1, batch: int = 64) -> torch.Tensor:
+    """Predicted states (S, steps, N) of windows (S, T, N), `batch` windows at a time. `readout` is {"kind":
+    "tokens"} or {"kind": "bank", "names": bool, "guard": bool, "length_power": float}."""
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(windows), batch):
+            w = windows[start : start + batch]
+            if readout["kind"] == "tokens":
+                out.append(model.rollout(w, steps, end_ids=vocab.end_ids))
+            else:
+                options = {k: readout[k] for k in ("names", "guard", "length_power")}
+                out.append(bank_rollout(model, w, steps, bank, **options))
+    return torch.cat(out)
+
+
+def one_step_measures(predicted: torch.Tensor, true: torch.Tensor, vocab: Vocabulary, grams: dict[int, set],
+                      bank: SentenceBank | None) -> dict:
+    """Shares over contexts of predicted states (S, N) against the true ones (S, N)."""
+    pred_tokens = [tokenize(vocab.decode(row)) for row in predicted]
+    true_tokens = [tokenize(vocab.decode(row)) for row in true]
+    live = true != PAD_ID
+    exact = (predicted == true).all(dim=1)
+    result = {
+        **{f"well_formed_{n}grams": sum(well_formed(p, g, n) for p in pred_tokens) / len(pred_tokens)
+           for n, g in grams.items()},
+        "word_f1": sum(map(word_f1, pred_tokens, true_tokens)) / len(pred_tokens),
+        "slot_accuracy": float(((predicted == true) & live).sum() / live.sum()),
+        "exact": float(exact.float().mean()),
+    }
+    if bank is not None:
+        in_bank = torch.isin((true * bank.hash_weights).sum(dim=1), bank.hashes)  # hash match; exact below
+        in_bank &= torch.tensor([bool((bank.candidates[bank.hashes == h] == row).all(dim=1).any())
+                                 for h, row in zip((true * bank.hash_weights).sum(dim=1), true)])
+        result["in_bank"] = int(in_bank.sum())
+        result["retrieved_when_in_bank"] = float(exact[in_bank].float().mean()) if in_bank.any() else None
+    return result
+
+
+def repeat_share(windows: torch.Tensor, rollouts: torch.Tensor) -> float:
+    """Share of rollouts (S, steps, N) that predict a state already in their window (S, T, N) or predicted
+    before (empty states aside)."""
+    repeats = 0
+    for window, states in zip(windows, rollouts):
+        seen = {tuple(row) for row in window.tolist() if any(row)}
+        for row in map(tuple, states.tolist()):
+            if row in seen:
+                repeats += 1
+                break
+            seen.add(row)
+    return repeats / len(windows)
+
+
+def timed(fn):
+    start = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - start
+
+
+def evaluate(model, vocab, windows, true, bank, readouts: dict[str, dict], grams, rollout_contexts: int,
+             rollout_for: set[str] | None = None) -> dict:
+    """One-step measures and timing for every readout, and the repeat share of 5-step rollouts on the first
+    `rollout_contexts` contexts for the readouts named in `rollout_for` (None: all)."""
+    results, predictions = {}, {}
+    for name, readout in readouts.items():
+        predicted, seconds = timed(lambda: predict(model, windows, readout, vocab, bank)[:, 0])
+        _, single = timed(lambda: [predict(model, windows[i : i + 1], readout, vocab, bank) for i in range(20)])
+        results[name] = {**readout, **one_step_measures(predicted, true, vocab, grams, bank),
+                         "ms_per_prediction_batched": round(1000 * seconds / len(windows), 2),
+                         "ms_per_prediction_one_at_a_time": round(1000 * single / 20, 2)}
+        if rollout_for is None or name in rollout_for:
+            rollouts = predict(model, windows[:rollout_contexts], readout, vocab, bank, steps=ROLLOUT_STEPS)
+            results[name]["rollout_repeat_share"] = repeat_share(windows[:rollout_contexts], rollouts)
+            results[name]["rollout_well_formed_3grams"] = sum(
+                well_formed(tokenize(vocab.decode(r)), grams[3], 3) for r in rollouts.flatten(0, 1)) / rollouts[..., 0].numel()
+        predictions[name] = predicted
+        print(name, json.dumps(results[name]), flush=True)
+    generator = torch.Generator().manual_seed(0)
+    if bank is not None:  # a floor: a random bank sentence for every context
+        random_rows = bank.candidates[torch.randint(len(bank.candidates), (len(windows),), generator=generator)]
+        results["random bank sentence"] = one_step_measures(random_rows, true, vocab, grams, None)
+    results["true next sentence"] = one_step_measures(true, true, vocab, grams, None)
+    return {"results": results, "predictions": predictions}
+
+
+def bank_readouts(names_options=(True,), powers=(LENGTH_POWER,), guards=(True,)) -> dict[str, dict]:
+    return {f"bank (names {'on' if n else 'off'}, length power {p}, guard {'on' if g else 'off'})":
+            {"kind": "bank", "names": n, "guard": g, "length_power": p}
+            for n in names_options for p in powers for g in guards}
+
+
+def markdown(title: str, command: str, results: dict, examples: list[dict] | None) -> str:
+    lines = [f"# {title}", "", "```", command, "```", "",
+             "| readout | well-formed (bigrams / trigrams) | word F1 | slot accuracy | exact | true in bank | "
+             "retrieved when in bank | ms / prediction (batched / one) | 5-step rollouts with a repeat |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in results.items():
+        retrieved = r.get("retrieved_when_in_bank")
+        formed = f"{r['well_formed_2grams']:.3f} / {r['well_formed_3grams']:.3f}"
+        lines.append(f"| {name} | {formed} | {r['word_f1']:.3f} | {r['slot_accuracy']:.3f} | "
+                     f"{r['exact']:.4f} | {r.get('in_bank', '')} | {'' if retrieved is None else f'{retrieved:.3f}'} | "
+                     f"{r.get('ms_per_prediction_batched', '')} / {r.get('ms_per_prediction_one_at_a_time', '')} | "
+                     f"{r['rollout_repeat_share']:.3f} |" if "rollout_repeat_share" in r else
+                     f"| {name} | {formed} | {r['word_f1']:.3f} | {r['slot_accuracy']:.3f} | "
+                     f"{r['exact']:.4f} | {r.get('in_bank', '')} | | "
+                     f"{r.get('ms_per_prediction_batched', '')} / {r.get('ms_per_prediction_one_at_a_time', '')} | |")
+    if examples:
+        lines += ["", "## Ten fixed contexts", "", "| # | context (sentences 1-4) | per-slot readout | bank readout | "
+                  "true next sentence |", "|---:|---|---|---|---|"]
+        for e in examples:
+            lines.append(f"| {e['index']} | {' '.join(e['context'])} | {e['tokens']} | {e['bank']} | {e['true']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m world_model.readout_eval", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", required=True, help="predictor folder (with sentence_bank.json.gz unless --select)")
+    parser.add_argument("--data", required=True, help="ROCStories folder")
+    parser.add_argument("--out", required=True, help="folder for results.json / selection.json and .md")
+    parser.add_argument("--select", action="store_true", help="choose settings on held-out training stories")
+    parser.add_argument("--heldout", type=int, default=1000, help="training stories held out with --select")
+    parser.add_argument("--rollout-contexts", type=int, default=1000, help="contexts rolled out 5 steps")
+    args = parser.parse_args(argv)
+    command = "python -m world_model.readout_eval " + " ".join(argv if argv is not None else sys.argv[1:])
+    torch.set_num_threads(1)
+    model, vocab, _ = load_predictor(args.checkpoint)
+    model.eval()
+    n_tokens = model.config.n_tokens
+    corpus = load_corpus(args.data)
+    train_sentences = [s for story in corpus.train for s in story.sentences]
+    grams = {n: attested(train_sentences, n) for n in (2, 3)}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.select:
+        kept, heldout = corpus.train[: -args.heldout], corpus.train[-args.heldout :]
+        sentences = distinct_sentences([s for story in kept for s in story.sentences], n_tokens)
+        bank = SentenceBank.encode(sentences, find_names(sentences), vocab, n_tokens)
+        windows = encode_windows(heldout, vocab, n_tokens)
+        grid = bank_readouts(names_options=(False, True), powers=(0.0, 0.5, 1.0), guards=(False,))
+        guarded = bank_readouts(powers=(LENGTH_POWER,), guards=(True,))
+        readouts = {"tokens": {"kind": "tokens"}, **grid, **guarded}
+        rollout_for = {"tokens", *guarded, *bank_readouts(powers=(LENGTH_POWER,), guards=(False,))}
+        report = evaluate(model, vocab, windows[:, :4], windows[:, 4], bank, readouts, grams, args.rollout_contexts,
+                          rollout_for)
+        payload = {"command": command, "contexts": len(heldout), "bank_sentences": len(sentences),
+                   "rollout_contexts": args.rollout_contexts, "results": report["results"]}
+        (out / "selection.json").write_text(json.dumps(payload, indent=2) + "\n")
+        title = (f"Readout settings chosen on {len(heldout)} held-out training stories (bank: the other "
+                 f"{len(corpus.train) - len(heldout)} stories' {len(sentences)} sentences)")
+        (out / "selection.md").write_text(markdown(title, command, report["results"], None))
+        return 0
+    bank = load_bank(args.checkpoint, vocab, n_tokens)
+    if bank is None:
+        print(f"error: {args.checkpoint} has no sentence bank; build one with python -m world_model.sentence_bank",
+              file=sys.stderr)
+        return 2
+    windows = encode_windows(corpus.validation, vocab, n_tokens)
+    readouts = {"tokens": {"kind": "tokens"}, **bank_readouts(), **bank_readouts(names_options=(False,)),
+                **bank_readouts(guards=(False,))}
+    report = evaluate(model, vocab, windows[:, :4], windows[:, 4], bank, readouts, grams, args.rollout_contexts)
+    chosen = next(iter(bank_readouts()))
+    examples = [{"index": i, "context": list(corpus.validation[i].sentences[:4]),
+                 "tokens": vocab.decode(report["predictions"]["tokens"][i]),
+                 "bank": vocab.decode(report["predictions"][chosen][i]), "true": corpus.validation[i].sentences[4]}
+                for i in range(0, len(windows), len(windows) // EXAMPLES)][:EXAMPLES]
+    payload = {"command": command, "contexts": len(windows), "bank_sentences": len(bank.candidates),
+               "rollout_contexts": args.rollout_contexts, "results": report["results"], "examples": examples}
+    (out / "results.json").write_text(json.dumps(payload, indent=2) + "\n")
+    title = f"Readouts of {args.checkpoint} on the {len(windows)} cloze contexts"
+    (out / "results.md").write_text(markdown(title, command, report["results"], examples))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
