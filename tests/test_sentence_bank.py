@@ -180,7 +180,7 @@ def test_predict_reads_the_bank_by_default_and_tokens_by_flag(tmp_path, capsys):
     ckpt = tiny_checkpoint(tmp_path / "ckpt")
     save_bank(ckpt, ["he ate a sandwich !", "he went to the kitchen .", "tom was hungry ."], ["tom"], source="test")
     result = predict(["Tom was hungry.", "He went to the kitchen."], ckpt, steps=3)
-    assert result["readout"] == "bank (3 sentences)"
+    assert result["readout"] == "bank"
     # The guard: never a state of the window while another sentence is left.
     assert result["predictions"][0][0] == "he ate a sandwich!"
     assert set(result["predictions"][0]) <= {"he ate a sandwich!", "he went to the kitchen.", "tom was hungry."}
@@ -189,3 +189,24 @@ def test_predict_reads_the_bank_by_default_and_tokens_by_flag(tmp_path, capsys):
     (ckpt / BANK_NAME).write_bytes(gzip.compress(b'{"sentences": ["tom ate a zebra ."], "names": []}'))
     assert main(["--checkpoint", str(ckpt), "Tom was hungry."]) == 2
     assert "zebra" in capsys.readouterr().err
+
+
+def test_the_video_rollout_reads_a_predictor_bank_by_default(tmp_path):
+    from pipeline.rollout import run_rollout
+    from tests.model_factories import make_tiny_blip, make_tiny_sd, one_torch_thread, write_test_clip
+
+    bank = ["a red square moves to the right.", "the square stops at the wall."]
+    with one_torch_thread():
+        vocab = Vocabulary.build([*bank, "a ball falls down."])
+        torch.manual_seed(0)
+        FourTensorModel(FourTensorConfig(vocab_size=len(vocab), d_x=4, d_t=2, n_heads=1, n_layers=1)).save_pretrained(
+            tmp_path / "predictor", vocab=vocab)
+        save_bank(tmp_path / "predictor", bank, [], source="test")
+        parts = {"captioner": str(make_tiny_blip(tmp_path / "blip")), "renderer": str(make_tiny_sd(tmp_path / "sd")),
+                 "predictor": str(tmp_path / "predictor")}
+        clip = write_test_clip(tmp_path / "clip.mp4", seconds=2.0, fps=10)
+        result = run_rollout(clip, steps=3, out_dir=tmp_path / "run", **parts)
+        free = run_rollout(clip, steps=1, out_dir=tmp_path / "free", readout="tokens", **parts)
+    assert result.record["sampling"]["readout"] == "bank (2 sentences)"
+    assert set(result.predicted_sentences[0]) <= set(bank)
+    assert free.record["sampling"]["readout"] == "tokens"

@@ -42,7 +42,7 @@ def predict(sentences: list[str], checkpoint: str | Path = SHIPPED_CHECKPOINT, s
     for _ in range(samples if temperature > 0 else 1):
         ids = chosen.rollout(model, window.token_ids, steps, vocab.end_ids, temperature, top_k, generator)[0]
         futures.append(decode_states(ids, vocab))
-    return {"checkpoint": str(checkpoint), "readout": chosen.name, "window": window.states, "unknown_words": window.unknown_words,
+    return {"checkpoint": str(checkpoint), "readout": chosen.kind, "window": window.states, "unknown_words": window.unknown_words,
             "predictions": futures}
 
 

@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         sentences = distinct_sentences([s for story in kept for s in story.sentences], n_tokens)
         bank = SentenceBank.encode(sentences, find_names(sentences), vocab, n_tokens)
         windows = encode_windows(heldout, vocab, n_tokens)
-        grid = bank_readouts(names_options=(False, True), powers=(0.0, 0.5, 1.0), guards=(False,))
+        grid = bank_readouts(names_options=(False, True), powers=(0.0, 0.5, 1.0, 1.5), guards=(False,))
         guarded = bank_readouts(powers=(LENGTH_POWER,), guards=(True,))
         readouts = {"tokens": {"kind": "tokens"}, **grid, **guarded}
         rollout_for = {"tokens", *guarded, *bank_readouts(powers=(LENGTH_POWER,), guards=(False,))}

@@ -33,6 +33,7 @@ from typing import Sequence
 
 import torch
 
+from world_model.checkpoint import resolve_folder
 from world_model.decoding import KNOWN_SENTENCES_NAME, READOUTS, choose_candidates
 from world_model.vocab import PAD_ID, UNK_ID, UnknownWordError, Vocabulary, tokenize
 
@@ -208,7 +209,7 @@ def bank_scores(bank: SentenceBank, edits: tuple[torch.Tensor, ...], log_probs: 
     window (1, T, N) and the substituted bank (the flat baseline).
     """
     if log_probs is None:
-        return model.score_sentences(window, bank.substitute_edits(edits))[0]
+        return model.score_sentences(window, bank.substitute_edits(edits))[0].cpu()
     n_tokens, vocab_size = log_probs.shape
     table = log_probs.masked_fill(torch.arange(vocab_size) == PAD_ID, 0.0).flatten()  # a padding slot adds 0
     offsets = torch.arange(n_tokens) * vocab_size  # slot n's row of the flattened (N, V) table
@@ -241,20 +242,23 @@ def bank_rollout(model, window: torch.Tensor, steps: int, bank: SentenceBank, te
     Each step scores the bank for every window (`bank_scores`), with the window's names put in when `names`,
     divides each score by the sentence's length ** `length_power`, excludes sentences already in the window
     when `guard` (unless that excludes them all), takes the best (temperature 0) or samples from
-    softmax(score / temperature) within the top_k, and slides the window as `model.rollout` does.
+    softmax(score / temperature) within the top_k, and slides the window as `model.rollout` does. The bank
+    stays on the CPU; the model runs where its weights are, and the states come back on the window's device.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    window, n_states = window.long(), model.config.n_states
+    device = window.device
+    window, n_states = window.long().cpu(), model.config.n_states
     index = torch.arange(len(bank.candidates))[:, None]  # (C, 1): `choose_candidates` then returns row numbers
     length = (bank.candidates != PAD_ID).sum(dim=1).float() ** length_power  # (C,)
     predicted = []
     for _ in range(steps):
-        log_probs = slot_log_probs(model, window)
+        log_probs = slot_log_probs(model, window.to(device))
         states = []
         for b in range(len(window)):
             edits = bank.name_edits(bank.context_names(window[b]) if names else [])
-            scores = bank_scores(bank, edits, None if log_probs is None else log_probs[b], model, window[b : b + 1])
+            scores = bank_scores(bank, edits, None if log_probs is None else log_probs[b].cpu(), model,
+                                 window[b : b + 1].to(device))
             scores = scores / length
             if guard:
                 seen = seen_in_window(bank, edits, window[b])
@@ -265,7 +269,7 @@ def bank_rollout(model, window: torch.Tensor, steps: int, bank: SentenceBank, te
         state = torch.stack(states)  # (B, N)
         predicted.append(state)
         window = torch.cat([window, state[:, None]], dim=1)[:, -n_states:]
-    return torch.stack(predicted, dim=1)
+    return torch.stack(predicted, dim=1).to(device)
 
 
 @dataclass
@@ -307,7 +311,7 @@ def resolve_readout(folder: str | os.PathLike, known: torch.Tensor | None, reado
             raise ValueError(f"readout 'sentences' needs {KNOWN_SENTENCES_NAME} in the predictor folder {folder}, "
                              "which has none; use readout 'tokens'")
         return Readout("sentences", known=known)
-    bank = load_bank(folder, vocab, n_tokens)
+    bank = load_bank(resolve_folder(folder), vocab, n_tokens)
     if bank is None and readout == "bank":
         raise ValueError(f"readout 'bank' needs {BANK_NAME} in the predictor folder {folder}, which has none; build "
                          "one with python -m world_model.sentence_bank, or use readout 'tokens'")
