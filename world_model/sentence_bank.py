@@ -121,29 +121,32 @@ class SentenceBank:
         `n_tokens` tokens, and for an empty bank."""
         if not sentences:
             raise ValueError(f"{where} holds no sentences; a bank readout needs at least one")
-        rows = []
+        rows, stoi = [], vocab.stoi
         for number, sentence in enumerate(sentences, 1):
             tokens = tokenize(sentence)
+            row = [stoi.get(t, -1) for t in tokens]
             if not tokens or len(tokens) > n_tokens:
                 raise ValueError(f"{where}, sentence {number} ({sentence!r}): {len(tokens)} tokens, expected 1 to "
                                  f"the model's {n_tokens} slots")
-            unknown = sorted({t for t in tokens if t not in vocab})
-            if unknown:
+            if -1 in row:
+                unknown = sorted({t for t in tokens if t not in stoi})
                 raise ValueError(f"{where}, sentence {number} ({sentence!r}): {UnknownWordError(unknown)}; was the bank "
                                  "built for this checkpoint's vocabulary?")
-            rows.append(vocab.encode(sentence, n_tokens))
-        name_ids = {vocab.stoi[w]: vocab.stoi[w] for w in names if w in vocab}
-        possessive_ids = {vocab.stoi[w]: vocab.stoi[f"{w}'s"] for w in names if w in vocab and f"{w}'s" in vocab}
+            rows.append(row + [PAD_ID] * (n_tokens - len(row)))
+        candidates = torch.tensor(rows, dtype=torch.long)
+        name_ids = {stoi[w]: stoi[w] for w in names if w in stoi}
+        possessive_ids = {stoi[w]: stoi[f"{w}'s"] for w in names if w in stoi and f"{w}'s" in stoi}
         name_ids.update({p: n for n, p in possessive_ids.items()})
+        with_names = torch.isin(candidates, torch.tensor(list(name_ids), dtype=torch.long)).any(dim=1)
         found = []  # (row, slot, rank, possessive)
-        for row, ids in enumerate(rows):
+        for row in with_names.nonzero().flatten().tolist():
             ranks: dict[int, int] = {}
-            for slot, token in enumerate(ids):
+            for slot, token in enumerate(rows[row]):
                 if token in name_ids:
                     base = name_ids[token]
                     found.append((row, slot, ranks.setdefault(base, len(ranks)), token != base))
         table = torch.tensor(found, dtype=torch.long).reshape(-1, 4)
-        return cls(torch.tensor(rows, dtype=torch.long), *table[:, :3].T, table[:, 3].bool(), name_ids, possessive_ids)
+        return cls(candidates, *table[:, :3].T, table[:, 3].bool(), name_ids, possessive_ids)
 
     def context_names(self, window: torch.Tensor) -> list[int]:
         """Distinct name ids of a window (T, N), possessives read as their name, in order of first appearance."""
