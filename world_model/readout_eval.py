@@ -13,7 +13,8 @@ Measures, for one predicted sentence per context:
 - well-formed (bigrams, trigrams): ends with `.`, `!` or `?` and every token bigram (trigram), sentence start
   and end included, occurs in the training stories; the true next sentences' own shares show how often the
   test rejects real sentences it has not seen;
-- word F1: overlap of the predicted and true word tokens (punctuation left out), as multisets;
+- word F1: overlap of the predicted and true word tokens (punctuation left out), as multisets; content-word
+  F1 the same without the `COMMON_WORDS` most frequent tokens of the training stories ("he", "was", "to", ...);
 - slot accuracy: the share of the true sentence's slots whose token the prediction has in the same slot
   (the token accuracy of L_S(4), for the chosen sentence);
 - exact: the prediction is the true sentence; `in_bank` counts contexts whose true sentence is in the bank;
@@ -38,6 +39,7 @@ from world_model.vocab import PAD_ID, SENTENCE_END_TOKENS, Vocabulary, tokenize
 
 EXAMPLES = 10  # fixed contexts shown side by side: every (contexts // EXAMPLES)-th one, from the first
 ROLLOUT_STEPS = 5
+COMMON_WORDS = 100  # the most frequent training tokens, left out of the content-word F1
 
 
 def ngrams(tokens: list[str], n: int) -> list[tuple[str, ...]]:
@@ -56,11 +58,11 @@ def well_formed(tokens: list[str], grams: set[tuple[str, ...]], n: int) -> bool:
     return bool(tokens) and tokens[-1] in SENTENCE_END_TOKENS and all(g in grams for g in ngrams(tokens, n))
 
 
-def word_f1(predicted: list[str], true: list[str]) -> float:
-    """F1 of the word tokens (those with a letter or digit) of two sentences, as multisets."""
-    p, t = (Counter(w for w in ws if any(ch.isalnum() for ch in w)) for ws in (predicted, true))
-    common = sum((p & t).values())
-    return 0.0 if common == 0 else 2 * common / (sum(p.values()) + sum(t.values()))
+def word_f1(predicted: list[str], true: list[str], skip: frozenset[str] = frozenset()) -> float:
+    """F1 of the word tokens (those with a letter or digit) of two sentences, as multisets, words in `skip` left out."""
+    p, t = (Counter(w for w in ws if any(ch.isalnum() for ch in w) and w not in skip) for ws in (predicted, true))
+    shared = sum((p & t).values())
+    return 0.0 if shared == 0 else 2 * shared / (sum(p.values()) + sum(t.values()))
 
 
 def predict(model, windows: torch.Tensor, readout: dict, vocab: Vocabulary, bank: SentenceBank | None,
@@ -80,7 +82,7 @@ def predict(model, windows: torch.Tensor, readout: dict, vocab: Vocabulary, bank
 
 
 def one_step_measures(predicted: torch.Tensor, true: torch.Tensor, vocab: Vocabulary, grams: dict[int, set],
-                      bank: SentenceBank | None) -> dict:
+                      bank: SentenceBank | None, common: frozenset[str] = frozenset()) -> dict:
     """Shares over contexts of predicted states (S, N) against the true ones (S, N)."""
     pred_tokens = [tokenize(vocab.decode(row)) for row in predicted]
     true_tokens = [tokenize(vocab.decode(row)) for row in true]
@@ -90,8 +92,10 @@ def one_step_measures(predicted: torch.Tensor, true: torch.Tensor, vocab: Vocabu
         **{f"well_formed_{n}grams": sum(well_formed(p, g, n) for p in pred_tokens) / len(pred_tokens)
            for n, g in grams.items()},
         "word_f1": sum(map(word_f1, pred_tokens, true_tokens)) / len(pred_tokens),
+        "content_word_f1": sum(word_f1(p, t, common) for p, t in zip(pred_tokens, true_tokens)) / len(pred_tokens),
         "slot_accuracy": float(((predicted == true) & live).sum() / live.sum()),
         "exact": float(exact.float().mean()),
+        "mean_tokens": sum(map(len, pred_tokens)) / len(pred_tokens),
     }
     if bank is not None:
         in_bank = torch.isin((true * bank.hash_weights).sum(dim=1), bank.hashes)  # hash match; exact below
@@ -123,14 +127,14 @@ def timed(fn):
 
 
 def evaluate(model, vocab, windows, true, bank, readouts: dict[str, dict], grams, rollout_contexts: int,
-             rollout_for: set[str] | None = None) -> dict:
+             rollout_for: set[str] | None = None, common: frozenset[str] = frozenset()) -> dict:
     """One-step measures and timing for every readout, and the repeat share of 5-step rollouts on the first
     `rollout_contexts` contexts for the readouts named in `rollout_for` (None: all)."""
     results, predictions = {}, {}
     for name, readout in readouts.items():
         predicted, seconds = timed(lambda: predict(model, windows, readout, vocab, bank)[:, 0])
         _, single = timed(lambda: [predict(model, windows[i : i + 1], readout, vocab, bank) for i in range(20)])
-        results[name] = {**readout, **one_step_measures(predicted, true, vocab, grams, bank),
+        results[name] = {**readout, **one_step_measures(predicted, true, vocab, grams, bank, common),
                          "ms_per_prediction_batched": round(1000 * seconds / len(windows), 2),
                          "ms_per_prediction_one_at_a_time": round(1000 * single / 20, 2)}
         if rollout_for is None or name in rollout_for:
@@ -143,8 +147,8 @@ def evaluate(model, vocab, windows, true, bank, readouts: dict[str, dict], grams
     generator = torch.Generator().manual_seed(0)
     if bank is not None:  # a floor: a random bank sentence for every context
         random_rows = bank.candidates[torch.randint(len(bank.candidates), (len(windows),), generator=generator)]
-        results["random bank sentence"] = one_step_measures(random_rows, true, vocab, grams, None)
-    results["true next sentence"] = one_step_measures(true, true, vocab, grams, None)
+        results["random bank sentence"] = one_step_measures(random_rows, true, vocab, grams, None, common)
+    results["true next sentence"] = one_step_measures(true, true, vocab, grams, None, common)
     return {"results": results, "predictions": predictions}
 
 
@@ -156,17 +160,17 @@ def bank_readouts(names_options=(True,), powers=(LENGTH_POWER,), guards=(True,))
 
 def markdown(title: str, command: str, results: dict, examples: list[dict] | None) -> str:
     lines = [f"# {title}", "", "```", command, "```", "",
-             "| readout | well-formed (bigrams / trigrams) | word F1 | slot accuracy | exact | true in bank | "
-             "retrieved when in bank | ms / prediction (batched / one) | 5-step rollouts with a repeat |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| readout | well-formed (bigrams / trigrams) | word F1 | content-word F1 | slot accuracy | exact | "
+             "true in bank | retrieved when in bank | ms / prediction (batched / one) | 5-step rollouts with a repeat |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
         retrieved = r.get("retrieved_when_in_bank")
         formed = f"{r['well_formed_2grams']:.3f} / {r['well_formed_3grams']:.3f}"
-        lines.append(f"| {name} | {formed} | {r['word_f1']:.3f} | {r['slot_accuracy']:.3f} | "
+        lines.append(f"| {name} | {formed} | {r['word_f1']:.3f} | {r.get('content_word_f1', float('nan')):.3f} | {r['slot_accuracy']:.3f} | "
                      f"{r['exact']:.4f} | {r.get('in_bank', '')} | {'' if retrieved is None else f'{retrieved:.3f}'} | "
                      f"{r.get('ms_per_prediction_batched', '')} / {r.get('ms_per_prediction_one_at_a_time', '')} | "
                      f"{r['rollout_repeat_share']:.3f} |" if "rollout_repeat_share" in r else
-                     f"| {name} | {formed} | {r['word_f1']:.3f} | {r['slot_accuracy']:.3f} | "
+                     f"| {name} | {formed} | {r['word_f1']:.3f} | {r.get('content_word_f1', float('nan')):.3f} | {r['slot_accuracy']:.3f} | "
                      f"{r['exact']:.4f} | {r.get('in_bank', '')} | | "
                      f"{r.get('ms_per_prediction_batched', '')} / {r.get('ms_per_prediction_one_at_a_time', '')} | |")
     if examples:
@@ -194,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     corpus = load_corpus(args.data)
     train_sentences = [s for story in corpus.train for s in story.sentences]
     grams = {n: attested(train_sentences, n) for n in (2, 3)}
+    counts = Counter(t for s in train_sentences for t in tokenize(s))
+    common = frozenset(t for t, _ in counts.most_common(COMMON_WORDS))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.select:
@@ -201,12 +207,12 @@ def main(argv: list[str] | None = None) -> int:
         sentences = distinct_sentences([s for story in kept for s in story.sentences], n_tokens)
         bank = SentenceBank.encode(sentences, find_names(sentences), vocab, n_tokens)
         windows = encode_windows(heldout, vocab, n_tokens)
-        grid = bank_readouts(names_options=(False, True), powers=(0.0, 0.5, 1.0, 1.5), guards=(False,))
+        grid = bank_readouts(names_options=(False, True), powers=(0.0, 0.5, 1.0, 1.5, 2.0), guards=(False,))
         guarded = bank_readouts(powers=(LENGTH_POWER,), guards=(True,))
         readouts = {"tokens": {"kind": "tokens"}, **grid, **guarded}
         rollout_for = {"tokens", *guarded, *bank_readouts(powers=(LENGTH_POWER,), guards=(False,))}
         report = evaluate(model, vocab, windows[:, :4], windows[:, 4], bank, readouts, grams, args.rollout_contexts,
-                          rollout_for)
+                          rollout_for, common)
         payload = {"command": command, "contexts": len(heldout), "bank_sentences": len(sentences),
                    "rollout_contexts": args.rollout_contexts, "results": report["results"]}
         (out / "selection.json").write_text(json.dumps(payload, indent=2) + "\n")
@@ -222,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     windows = encode_windows(corpus.validation, vocab, n_tokens)
     readouts = {"tokens": {"kind": "tokens"}, **bank_readouts(), **bank_readouts(names_options=(False,)),
                 **bank_readouts(guards=(False,))}
-    report = evaluate(model, vocab, windows[:, :4], windows[:, 4], bank, readouts, grams, args.rollout_contexts)
+    report = evaluate(model, vocab, windows[:, :4], windows[:, 4], bank, readouts, grams, args.rollout_contexts,
+                      common=common)
     chosen = next(iter(bank_readouts()))
     examples = [{"index": i, "context": list(corpus.validation[i].sentences[:4]),
                  "tokens": vocab.decode(report["predictions"]["tokens"][i]),

@@ -39,7 +39,7 @@ from world_model.vocab import PAD_ID, UNK_ID, UnknownWordError, Vocabulary, toke
 
 BANK_NAME = "sentence_bank.json.gz"  # in a predictor folder: {"sentences": [...], "names": [...], "source": ...}
 BANK_READOUTS = (*READOUTS[:2], "bank", READOUTS[2])  # auto, sentences (known), bank, tokens
-LENGTH_POWER = 1.0  # score = summed slot log-likelihood / length ** LENGTH_POWER (docs/readout/selection.md)
+LENGTH_POWER = 1.5  # score = summed slot log-likelihood / length ** LENGTH_POWER, chosen in docs/readout/selection.md
 _WORD = re.compile(r"[^\W_]+(?:['\-][^\W_]+)*")
 _VERB_LIKE = frozenset("was had went got is did took made saw felt knew told said gave ran came thought found bought "
                        "could would and".split())  # a person's name is often followed by one, or by an -ed word
