@@ -38,6 +38,8 @@ from world_model.decoding import KNOWN_SENTENCES_NAME, READOUTS, choose_candidat
 from world_model.vocab import PAD_ID, UNK_ID, UnknownWordError, Vocabulary, tokenize
 
 BANK_NAME = "sentence_bank.json.gz"  # in a predictor folder: {"sentences": [...], "names": [...], "source": ...}
+SAMPLE_TOP_K = 20  # sampling draws among this many best sentences unless top_k is given: over the whole bank,
+# length-normalised scores are nearly flat and a draw is any sentence at all
 BANK_READOUTS = (*READOUTS[:2], "bank", READOUTS[2])  # auto, sentences (known), bank, tokens
 LENGTH_POWER = 1.5  # score = summed slot log-likelihood / length ** LENGTH_POWER, chosen in docs/readout/selection.md
 _WORD = re.compile(r"[^\W_]+(?:['\-][^\W_]+)*")
@@ -245,12 +247,13 @@ def bank_rollout(model, window: torch.Tensor, steps: int, bank: SentenceBank, te
     Each step scores the bank for every window (`bank_scores`), with the window's names put in when `names`,
     divides each score by the sentence's length ** `length_power`, excludes sentences already in the window
     when `guard` (unless that excludes them all), takes the best (temperature 0) or samples from
-    softmax(score / temperature) within the top_k, and slides the window as `model.rollout` does. The bank
+    softmax(score / temperature) within the top_k (default `SAMPLE_TOP_K`), and slides the window as
+    `model.rollout` does. The bank
     stays on the CPU; the model runs where its weights are, and the states come back on the window's device.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    device = window.device
+    device, top_k = window.device, top_k or SAMPLE_TOP_K
     window, n_states = window.long().cpu(), model.config.n_states
     index = torch.arange(len(bank.candidates))[:, None]  # (C, 1): `choose_candidates` then returns row numbers
     length = (bank.candidates != PAD_ID).sum(dim=1).float() ** length_power  # (C,)
