@@ -210,3 +210,23 @@ def test_the_video_rollout_reads_a_predictor_bank_by_default(tmp_path):
     assert result.record["sampling"]["readout"] == "bank (2 sentences)"
     assert set(result.predicted_sentences[0]) <= set(bank)
     assert free.record["sampling"]["readout"] == "tokens"
+
+
+def test_bank_command_writes_the_training_sentences_and_refuses_a_foreign_vocabulary(tmp_path, capsys):
+    from tests.test_rocstories import TRAIN_ROWS, make_folder
+    from world_model.rocstories import build_vocabulary, load_corpus
+    from world_model.sentence_bank import main as bank_main
+
+    data = make_folder(tmp_path)
+    vocab = build_vocabulary(load_corpus(data))
+    FourTensorModel(FourTensorConfig(vocab_size=len(vocab), d_x=4, d_t=2, n_heads=1, n_layers=1)).save_pretrained(
+        tmp_path / "ckpt", vocab=vocab)
+    assert bank_main(["--data", str(data), "--out", str(tmp_path / "ckpt")]) == 0
+    bank = load_bank(tmp_path / "ckpt", vocab, 16)
+    assert sorted(vocab.decode(row) for row in bank.candidates) == sorted(
+        vocab.decode(vocab.encode(s)) for row in TRAIN_ROWS for s in row[2:])
+    small = Vocabulary.build(TRAIN_ROWS[0][2:])  # no "ann", "cat", ...
+    FourTensorModel(FourTensorConfig(vocab_size=len(small), d_x=4, d_t=2, n_heads=1, n_layers=1)).save_pretrained(
+        tmp_path / "foreign", vocab=small)
+    assert bank_main(["--data", str(data), "--out", str(tmp_path / "foreign")]) == 2
+    assert "'ann'" in capsys.readouterr().err and not (tmp_path / "foreign" / BANK_NAME).exists()

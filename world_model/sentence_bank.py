@@ -324,9 +324,21 @@ def resolve_readout(folder: str | os.PathLike, known: torch.Tensor | None, reado
     return Readout("tokens") if bank is None else Readout("bank", bank=bank)
 
 
-def main(argv: list[str] | None = None) -> int:
+def write_rocstories_bank(folder: str | os.PathLike, data_dir: str | os.PathLike, stories: int | None = None) -> Path:
+    """Write a predictor folder's bank from the training stories of a ROCStories folder (the first `stories` of
+    them, or all): their distinct sentences that fit the model's slots and the names found in them."""
     from world_model.rocstories import load_corpus
 
+    config = json.loads((Path(folder) / "config.json").read_text())
+    vocab = Vocabulary.load(folder)
+    train = load_corpus(data_dir).train[:stories]
+    sentences = distinct_sentences([s for story in train for s in story.sentences], config["n_tokens"])
+    names = find_names(sentences)
+    SentenceBank.encode(sentences, names, vocab, config["n_tokens"])  # fails now, not when a rollout loads it
+    return save_bank(folder, sentences, names, source=f"{len(train)} training stories of {data_dir}")
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m world_model.sentence_bank",
                                      description="Write a predictor folder's sentence bank from ROCStories training stories.")
     parser.add_argument("--data", required=True, help="ROCStories folder (its training stories make the bank)")
@@ -334,17 +346,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stories", type=int, help="only the first K training stories")
     args = parser.parse_args(argv)
     try:
-        config = json.loads((Path(args.out) / "config.json").read_text())
-        vocab = Vocabulary.load(args.out)
-        stories = load_corpus(args.data).train[: args.stories]
-        sentences = distinct_sentences([s for story in stories for s in story.sentences], config["n_tokens"])
-        names = find_names(sentences)
-        SentenceBank.encode(sentences, names, vocab, config["n_tokens"])  # fails now, not when a rollout loads it
-        path = save_bank(args.out, sentences, names, source=f"{len(stories)} training stories of {args.data}")
+        path = write_rocstories_bank(args.out, args.data, args.stories)
     except (OSError, ValueError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"{path}: {len(sentences)} sentences, {len(names)} names, {path.stat().st_size / 1e6:.2f} MB")
+    print(f"{path}: {path.stat().st_size / 1e6:.2f} MB")
     return 0
 
 
