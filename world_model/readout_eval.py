@@ -126,23 +126,25 @@ def timed(fn):
     return value, time.perf_counter() - start
 
 
-def evaluate(model, vocab, windows, true, bank, readouts: dict[str, dict], grams, rollout_contexts: int,
-             rollout_for: set[str] | None = None, common: frozenset[str] = frozenset()) -> dict:
-    """One-step measures and timing for every readout, and the repeat share of 5-step rollouts on the first
-    `rollout_contexts` contexts for the readouts named in `rollout_for` (None: all)."""
+def evaluate(model, vocab, windows, true, bank, one_step: dict[str, dict], rollouts: dict[str, dict], grams,
+             rollout_contexts: int, common: frozenset[str] = frozenset()) -> dict:
+    """One-step measures and timing for the `one_step` readouts, and the repeat share of 5-step rollouts on the
+    first `rollout_contexts` contexts for the `rollouts` readouts."""
     results, predictions = {}, {}
-    for name, readout in readouts.items():
+    for name, readout in one_step.items():
         predicted, seconds = timed(lambda: predict(model, windows, readout, vocab, bank)[:, 0])
-        _, single = timed(lambda: [predict(model, windows[i : i + 1], readout, vocab, bank) for i in range(20)])
+        singles = min(20, len(windows))
+        _, single = timed(lambda: [predict(model, windows[i : i + 1], readout, vocab, bank) for i in range(singles)])
         results[name] = {**readout, **one_step_measures(predicted, true, vocab, grams, bank, common),
                          "ms_per_prediction_batched": round(1000 * seconds / len(windows), 2),
-                         "ms_per_prediction_one_at_a_time": round(1000 * single / 20, 2)}
-        if rollout_for is None or name in rollout_for:
-            rollouts = predict(model, windows[:rollout_contexts], readout, vocab, bank, steps=ROLLOUT_STEPS)
-            results[name]["rollout_repeat_share"] = repeat_share(windows[:rollout_contexts], rollouts)
-            results[name]["rollout_well_formed_3grams"] = sum(
-                well_formed(tokenize(vocab.decode(r)), grams[3], 3) for r in rollouts.flatten(0, 1)) / rollouts[..., 0].numel()
+                         "ms_per_prediction_one_at_a_time": round(1000 * single / singles, 2)}
         predictions[name] = predicted
+        print(name, json.dumps(results[name]), flush=True)
+    for name, readout in rollouts.items():
+        states = predict(model, windows[:rollout_contexts], readout, vocab, bank, steps=ROLLOUT_STEPS)
+        results.setdefault(name, dict(readout))["rollout_repeat_share"] = repeat_share(windows[:rollout_contexts], states)
+        results[name]["rollout_well_formed_3grams"] = sum(
+            well_formed(tokenize(vocab.decode(r)), grams[3], 3) for r in states.flatten(0, 1)) / states[..., 0].numel()
         print(name, json.dumps(results[name]), flush=True)
     generator = torch.Generator().manual_seed(0)
     if bank is not None:  # a floor: a random bank sentence for every context
@@ -159,20 +161,21 @@ def bank_readouts(names_options=(True,), powers=(LENGTH_POWER,), guards=(True,))
 
 
 def markdown(title: str, command: str, results: dict, examples: list[dict] | None) -> str:
+    """The results as a Markdown table (and the fixed examples side by side, when given)."""
+    def cell(r: dict, key: str, fmt: str = ".3f") -> str:
+        return "" if r.get(key) is None else format(r[key], fmt)
+
     lines = [f"# {title}", "", "```", command, "```", "",
-             "| readout | well-formed (bigrams / trigrams) | word F1 | content-word F1 | slot accuracy | exact | "
+             "| readout | well-formed (bigrams / trigrams) | word F1 | content-word F1 | slot accuracy | exact | mean tokens | "
              "true in bank | retrieved when in bank | ms / prediction (batched / one) | 5-step rollouts with a repeat |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
-        retrieved = r.get("retrieved_when_in_bank")
-        formed = f"{r['well_formed_2grams']:.3f} / {r['well_formed_3grams']:.3f}"
-        lines.append(f"| {name} | {formed} | {r['word_f1']:.3f} | {r.get('content_word_f1', float('nan')):.3f} | {r['slot_accuracy']:.3f} | "
-                     f"{r['exact']:.4f} | {r.get('in_bank', '')} | {'' if retrieved is None else f'{retrieved:.3f}'} | "
-                     f"{r.get('ms_per_prediction_batched', '')} / {r.get('ms_per_prediction_one_at_a_time', '')} | "
-                     f"{r['rollout_repeat_share']:.3f} |" if "rollout_repeat_share" in r else
-                     f"| {name} | {formed} | {r['word_f1']:.3f} | {r.get('content_word_f1', float('nan')):.3f} | {r['slot_accuracy']:.3f} | "
-                     f"{r['exact']:.4f} | {r.get('in_bank', '')} | | "
-                     f"{r.get('ms_per_prediction_batched', '')} / {r.get('ms_per_prediction_one_at_a_time', '')} | |")
+        formed = f"{cell(r, 'well_formed_2grams')} / {cell(r, 'well_formed_3grams')}" if "word_f1" in r else ""
+        speed = f"{cell(r, 'ms_per_prediction_batched', '.1f')} / {cell(r, 'ms_per_prediction_one_at_a_time', '.1f')}"
+        lines.append(" | ".join(["", name, formed, cell(r, "word_f1"), cell(r, "content_word_f1"), cell(r, "slot_accuracy"),
+                                 cell(r, "exact", ".4f"), cell(r, "mean_tokens", ".1f"), cell(r, "in_bank", "d"),
+                                 cell(r, "retrieved_when_in_bank"), speed if "ms_per_prediction_batched" in r else "",
+                                 cell(r, "rollout_repeat_share"), ""]).strip())
     if examples:
         lines += ["", "## Ten fixed contexts", "", "| # | context (sentences 1-4) | per-slot readout | bank readout | "
                   "true next sentence |", "|---:|---|---|---|---|"]
@@ -209,10 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         windows = encode_windows(heldout, vocab, n_tokens)
         grid = bank_readouts(names_options=(False, True), powers=(0.0, 0.5, 1.0, 1.5, 2.0), guards=(False,))
         guarded = bank_readouts(powers=(LENGTH_POWER,), guards=(True,))
-        readouts = {"tokens": {"kind": "tokens"}, **grid, **guarded}
-        rollout_for = {"tokens", *guarded, *bank_readouts(powers=(LENGTH_POWER,), guards=(False,))}
-        report = evaluate(model, vocab, windows[:, :4], windows[:, 4], bank, readouts, grams, args.rollout_contexts,
-                          rollout_for, common)
+        one_step = {"tokens": {"kind": "tokens"}, **grid}
+        rollouts = {"tokens": {"kind": "tokens"}, **guarded, **bank_readouts(guards=(False,))}
+        report = evaluate(model, vocab, windows[:, :4], windows[:, 4], bank, one_step, rollouts, grams,
+                          args.rollout_contexts, common)
         payload = {"command": command, "contexts": len(heldout), "bank_sentences": len(sentences),
                    "rollout_contexts": args.rollout_contexts, "results": report["results"]}
         (out / "selection.json").write_text(json.dumps(payload, indent=2) + "\n")
@@ -226,15 +229,15 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     windows = encode_windows(corpus.validation, vocab, n_tokens)
-    readouts = {"tokens": {"kind": "tokens"}, **bank_readouts(), **bank_readouts(names_options=(False,)),
-                **bank_readouts(guards=(False,))}
-    report = evaluate(model, vocab, windows[:, :4], windows[:, 4], bank, readouts, grams, args.rollout_contexts,
-                      common=common)
+    one_step = {"tokens": {"kind": "tokens"}, **bank_readouts()}
+    rollouts = {**one_step, **bank_readouts(guards=(False,))}
+    report = evaluate(model, vocab, windows[:, :4], windows[:, 4], bank, one_step, rollouts, grams,
+                      args.rollout_contexts, common)
     chosen = next(iter(bank_readouts()))
     examples = [{"index": i, "context": list(corpus.validation[i].sentences[:4]),
                  "tokens": vocab.decode(report["predictions"]["tokens"][i]),
                  "bank": vocab.decode(report["predictions"][chosen][i]), "true": corpus.validation[i].sentences[4]}
-                for i in range(0, len(windows), len(windows) // EXAMPLES)][:EXAMPLES]
+                for i in range(0, len(windows), max(1, len(windows) // EXAMPLES))][:EXAMPLES]
     payload = {"command": command, "contexts": len(windows), "bank_sentences": len(bank.candidates),
                "rollout_contexts": args.rollout_contexts, "results": report["results"], "examples": examples}
     (out / "results.json").write_text(json.dumps(payload, indent=2) + "\n")
