@@ -127,10 +127,10 @@ def timed(fn):
 
 
 def evaluate(model, vocab, windows, true, bank, one_step: dict[str, dict], rollouts: dict[str, dict], grams,
-             rollout_contexts: int, common: frozenset[str] = frozenset()) -> dict:
+             rollout_contexts: int, common: frozenset[str] = frozenset()) -> dict[str, dict]:
     """One-step measures and timing for the `one_step` readouts, and the repeat share of 5-step rollouts on the
     first `rollout_contexts` contexts for the `rollouts` readouts."""
-    results, predictions = {}, {}
+    results = {}
     for name, readout in one_step.items():
         predicted, seconds = timed(lambda: predict(model, windows, readout, vocab, bank)[:, 0])
         singles = min(20, len(windows))
@@ -138,7 +138,6 @@ def evaluate(model, vocab, windows, true, bank, one_step: dict[str, dict], rollo
         results[name] = {**readout, **one_step_measures(predicted, true, vocab, grams, bank, common),
                          "ms_per_prediction_batched": round(1000 * seconds / len(windows), 2),
                          "ms_per_prediction_one_at_a_time": round(1000 * single / singles, 2)}
-        predictions[name] = predicted
         print(name, json.dumps(results[name]), flush=True)
     for name, readout in rollouts.items():
         states = predict(model, windows[:rollout_contexts], readout, vocab, bank, steps=ROLLOUT_STEPS)
@@ -151,7 +150,17 @@ def evaluate(model, vocab, windows, true, bank, one_step: dict[str, dict], rollo
         random_rows = bank.candidates[torch.randint(len(bank.candidates), (len(windows),), generator=generator)]
         results["random bank sentence"] = one_step_measures(random_rows, true, vocab, grams, None, common)
     results["true next sentence"] = one_step_measures(true, true, vocab, grams, None, common)
-    return {"results": results, "predictions": predictions}
+    return results
+
+
+def fixed_examples(model, vocab, bank, stories, windows: torch.Tensor) -> list[dict]:
+    """The per-slot and the bank readout side by side for every (contexts // EXAMPLES)-th context (S, 5, N)."""
+    rows = list(range(0, len(windows), max(1, len(windows) // EXAMPLES)))[:EXAMPLES]
+    context = windows[rows, :4]
+    tokens = predict(model, context, {"kind": "tokens"}, vocab, bank)[:, 0]
+    banked = predict(model, context, next(iter(bank_readouts().values())), vocab, bank)[:, 0]
+    return [{"index": i, "context": list(stories[i].sentences[:4]), "tokens": vocab.decode(t), "bank": vocab.decode(b),
+             "true": stories[i].sentences[4]} for i, t, b in zip(rows, tokens, banked)]
 
 
 def bank_readouts(names_options=(True,), powers=(LENGTH_POWER,), guards=(True,)) -> dict[str, dict]:
@@ -176,12 +185,14 @@ def markdown(title: str, command: str, results: dict, examples: list[dict] | Non
                                  cell(r, "exact", ".4f"), cell(r, "mean_tokens", ".1f"), cell(r, "in_bank", "d"),
                                  cell(r, "retrieved_when_in_bank"), speed if "ms_per_prediction_batched" in r else "",
                                  cell(r, "rollout_repeat_share"), ""]).strip())
-    if examples:
-        lines += ["", "## Ten fixed contexts", "", "| # | context (sentences 1-4) | per-slot readout | bank readout | "
-                  "true next sentence |", "|---:|---|---|---|---|"]
-        for e in examples:
-            lines.append(f"| {e['index']} | {' '.join(e['context'])} | {e['tokens']} | {e['bank']} | {e['true']} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + ([""] + examples_markdown(examples) if examples else [])) + "\n"
+
+
+def examples_markdown(examples: list[dict]) -> list[str]:
+    lines = ["## Ten fixed contexts", "", "| # | context (sentences 1-4) | per-slot readout | bank readout | "
+             "true next sentence |", "|---:|---|---|---|---|"]
+    return lines + [f"| {e['index']} | {' '.join(e['context'])} | {e['tokens']} | {e['bank']} | {e['true']} |"
+                    for e in examples]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--select", action="store_true", help="choose settings on held-out training stories")
     parser.add_argument("--heldout", type=int, default=1000, help="training stories held out with --select")
     parser.add_argument("--rollout-contexts", type=int, default=1000, help="contexts rolled out 5 steps")
+    parser.add_argument("--examples-only", action="store_true",
+                        help="write only the ten fixed examples (examples.json, examples.md), without the measures")
     args = parser.parse_args(argv)
     command = "python -m world_model.readout_eval " + " ".join(argv if argv is not None else sys.argv[1:])
     torch.set_num_threads(1)
@@ -199,12 +212,22 @@ def main(argv: list[str] | None = None) -> int:
     model.eval()
     n_tokens = model.config.n_tokens
     corpus = load_corpus(args.data)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    bank = None if args.select else load_bank(args.checkpoint, vocab, n_tokens)
+    if bank is None and not args.select:
+        print(f"error: {args.checkpoint} has no sentence bank; build one with python -m world_model.sentence_bank",
+              file=sys.stderr)
+        return 2
+    if args.examples_only:
+        examples = fixed_examples(model, vocab, bank, corpus.validation, encode_windows(corpus.validation, vocab, n_tokens))
+        (out / "examples.json").write_text(json.dumps({"command": command, "examples": examples}, indent=2) + "\n")
+        (out / "examples.md").write_text("\n".join([f"```\n{command}\n```", "", *examples_markdown(examples)]) + "\n")
+        return 0
     train_sentences = [s for story in corpus.train for s in story.sentences]
     grams = {n: attested(train_sentences, n) for n in (2, 3)}
     counts = Counter(t for s in train_sentences for t in tokenize(s))
     common = frozenset(t for t, _ in counts.most_common(COMMON_WORDS))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     if args.select:
         kept, heldout = corpus.train[: -args.heldout], corpus.train[-args.heldout :]
         sentences = distinct_sentences([s for story in kept for s in story.sentences], n_tokens)
@@ -217,32 +240,23 @@ def main(argv: list[str] | None = None) -> int:
         report = evaluate(model, vocab, windows[:, :4], windows[:, 4], bank, one_step, rollouts, grams,
                           args.rollout_contexts, common)
         payload = {"command": command, "contexts": len(heldout), "bank_sentences": len(sentences),
-                   "rollout_contexts": args.rollout_contexts, "results": report["results"]}
+                   "rollout_contexts": args.rollout_contexts, "results": report}
         (out / "selection.json").write_text(json.dumps(payload, indent=2) + "\n")
         title = (f"Readout settings chosen on {len(heldout)} held-out training stories (bank: the other "
                  f"{len(corpus.train) - len(heldout)} stories' {len(sentences)} sentences)")
-        (out / "selection.md").write_text(markdown(title, command, report["results"], None))
+        (out / "selection.md").write_text(markdown(title, command, report, None))
         return 0
-    bank = load_bank(args.checkpoint, vocab, n_tokens)
-    if bank is None:
-        print(f"error: {args.checkpoint} has no sentence bank; build one with python -m world_model.sentence_bank",
-              file=sys.stderr)
-        return 2
     windows = encode_windows(corpus.validation, vocab, n_tokens)
     one_step = {"tokens": {"kind": "tokens"}, **bank_readouts()}
     rollouts = {**one_step, **bank_readouts(guards=(False,))}
     report = evaluate(model, vocab, windows[:, :4], windows[:, 4], bank, one_step, rollouts, grams,
                       args.rollout_contexts, common)
-    chosen = next(iter(bank_readouts()))
-    examples = [{"index": i, "context": list(corpus.validation[i].sentences[:4]),
-                 "tokens": vocab.decode(report["predictions"]["tokens"][i]),
-                 "bank": vocab.decode(report["predictions"][chosen][i]), "true": corpus.validation[i].sentences[4]}
-                for i in range(0, len(windows), max(1, len(windows) // EXAMPLES))][:EXAMPLES]
+    examples = fixed_examples(model, vocab, bank, corpus.validation, windows)
     payload = {"command": command, "contexts": len(windows), "bank_sentences": len(bank.candidates),
-               "rollout_contexts": args.rollout_contexts, "results": report["results"], "examples": examples}
+               "rollout_contexts": args.rollout_contexts, "results": report, "examples": examples}
     (out / "results.json").write_text(json.dumps(payload, indent=2) + "\n")
     title = f"Readouts of {args.checkpoint} on the {len(windows)} cloze contexts"
-    (out / "results.md").write_text(markdown(title, command, report["results"], examples))
+    (out / "results.md").write_text(markdown(title, command, report, examples))
     return 0
 
 
