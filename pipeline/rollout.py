@@ -2,7 +2,7 @@
 
     python -m pipeline.rollout video.mp4 --steps 5 [--preset auto|hub|offline] [--out DIR]
                                 [--interval S | --frames K] [--device D] [--samples K --temperature X --seed S]
-                                [--readout auto|sentences|tokens] [--on-unknown warn|stop] [--verbose]
+                                [--readout auto|sentences|bank|tokens] [--on-unknown warn|stop] [--verbose]
 
 `run_rollout(...)` is the Python API that the command and the demo both call. A run folder holds the
 observed and rendered frames, `rollout.json`, `storyboard.png`, `rollout.mp4` and `rollout.gif`. It is
@@ -38,9 +38,10 @@ from encoders.grounding import clip_verdict
 from pipeline.presets import PresetError, available_presets, choose_preset, resolve_model_path
 from pipeline.windows import caption_window, decode_states
 from world_model.checkpoint import CheckpointError, replace_dir
-from world_model.decoding import READOUTS, readout_candidates, readout_name
 from world_model.models import Predictor
 from world_model.models import load_predictor as load_predictor_folder
+from world_model.sentence_bank import BANK_READOUTS as READOUTS
+from world_model.sentence_bank import Readout, resolve_readout
 
 Progress = Callable[[float, str], None]
 ON_UNKNOWN = ("warn", "stop")
@@ -86,6 +87,13 @@ def load_renderer(name: str, device: str | None, options: tuple):
 def load_predictor(name: str, device: str) -> Predictor:
     """The predictor, its vocabulary and its known sentences (or None) from a checkpoint folder."""
     return load_predictor_folder(name, device=device)
+
+
+@lru_cache(maxsize=4)
+def load_readout(name: str, device: str, readout: str) -> Readout:
+    """How the predictor reads its states off (`world_model.sentence_bank.resolve_readout`); a bank is encoded once."""
+    predictor = load_predictor(name, device)
+    return resolve_readout(name, predictor.known_sentences, readout, predictor.vocab, predictor.model.config.n_tokens)
 
 
 def pick_device(device: str | None) -> str:
@@ -155,8 +163,10 @@ def run_rollout(
         temperature, top_k, seed: sampling of the predicted tokens (of the known sentences with the
             closed-set readout); `seed` also seeds the renderer.
         readout: `auto` (default) picks each predicted state from the predictor folder's known sentences
-            when it has known_sentences.txt (`world_model.decoding`), else reads tokens off freely;
-            `sentences` requires the known sentences; `tokens` always reads tokens off freely.
+            when it has known_sentences.txt (`world_model.decoding`), else from its sentence bank when it has
+            sentence_bank.json.gz (`world_model.sentence_bank`; the ROCStories predictor of the hub preset),
+            else reads tokens off freely; `sentences` and `bank` require their file; `tokens` always reads
+            tokens off freely (the paper's per-slot readout).
         init_from_last_frame: render each state image-to-image from the last observed frame.
         fps: frame rate of rollout.mp4 / rollout.gif.
         on_unknown: what to do when frames are outside the captioner's world (`encoders.grounding`):
@@ -200,7 +210,7 @@ def run_rollout(
         cap = load_captioner(names["captioner"], device, tuple(sorted(chosen.get("captioner_options", {}).items())))
         predictor = load_predictor(names["predictor"], device)
         model, vocab = predictor.model, predictor.vocab
-        candidates = readout_candidates(predictor.known_sentences, readout, names["predictor"])
+        chosen_readout = load_readout(names["predictor"], device, readout)
         ren = load_renderer(names["renderer"], device, tuple(sorted(chosen.get("renderer_options", {}).items())))
         timings["load_models"] = time.perf_counter() - start
 
@@ -224,8 +234,8 @@ def run_rollout(
         generator = torch.Generator(device="cpu").manual_seed(seed)
         predictions = []
         for _ in range(samples if temperature > 0 else 1):
-            ids = model.rollout(window.token_ids.to(device), steps, end_ids=vocab.end_ids, temperature=temperature,
-                                top_k=top_k, generator=generator, candidates=candidates)[0].cpu()  # (steps, N)
+            ids = chosen_readout.rollout(model, window.token_ids.to(device), steps, vocab.end_ids, temperature, top_k,
+                                         generator)[0].cpu()  # (steps, N)
             predictions.append({"sentences": decode_states(ids, vocab), "token_ids": ids.tolist()})
         timings["predict"] = time.perf_counter() - start
 
@@ -245,7 +255,7 @@ def run_rollout(
             "sampling": {"interval_s": interval, "num_frames": num_frames, "max_frames": max_frames,
                          "frames_per_state": frames_per_state,
                          "steps": steps, "temperature": temperature, "top_k": top_k, "seed": seed,
-                         "readout": readout_name(candidates),
+                         "readout": chosen_readout.name,
                          "samples": len(predictions), "init_from_last_frame": init_from_last_frame},
             "observed": [{"timestamp_s": round(f.timestamp, 3), "frame_index": f.index, "caption": text,
                           "grounding": g.as_dict() if g else None, "image": f"observed/{i:03d}.png"}
@@ -379,8 +389,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--top-k", type=int, help="sample only among the k likeliest words")
     parser.add_argument("--seed", type=int, default=0, help="seed for sampling and rendering")
     parser.add_argument("--readout", choices=READOUTS, default="auto",
-                        help="sentences: pick each state from the predictor's known sentences; tokens: read tokens "
-                             "off freely; auto (default): sentences when the predictor folder lists them")
+                        help="sentences: pick each state from the predictor's known sentences; bank: from its "
+                             "sentence bank; tokens: read tokens off freely (the paper's per-slot readout); auto "
+                             "(default): known sentences, else the bank, else tokens")
     parser.add_argument("--init-from-last-frame", action="store_true", help="image-to-image from the last observed frame")
     parser.add_argument("--fps", type=float, default=2.0, help="frame rate of rollout.mp4 (default 2)")
     parser.add_argument("--on-unknown", choices=ON_UNKNOWN, default="warn",

@@ -4,7 +4,8 @@
         --command "python -m world_model.train ..." [--data DIR]
 
 The card records the data, the training command, the selected epoch and its validation L_S(4), token
-accuracy and perplexity, re-measured on the exported fp16 weights when --data is given.
+accuracy and perplexity, re-measured on the exported fp16 weights when --data is given; --data also writes
+the folder's sentence bank from the training stories (`world_model.sentence_bank`), its default readout.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 from world_model.evaluate import evaluate_checkpoint
 from world_model.floors import FLOORS
 from world_model.models import count_parameters, load_model
+from world_model.sentence_bank import write_rocstories_bank
 from world_model.vocab import Vocabulary
 
 
@@ -94,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     model.save_pretrained(args.out, vocab=vocab, dtype=torch.float16, epoch=best_epoch, source="ROCStories")
     if args.data is not None:
         metrics = evaluate_checkpoint(args.out, args.data)
+        write_rocstories_bank(args.out, args.data)  # the readout of world_model.predict and the hub preset
     else:
         metrics = {k: v for k, v in next(h for h in history if h["epoch"] == best_epoch).items() if k.startswith("val_")}
     metrics["parameters"] = count_parameters(model)

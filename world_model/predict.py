@@ -8,7 +8,9 @@
 The sentences are the observed states, oldest first; the last T of them form the window (fewer are
 left-padded with empty states). The default checkpoint is the ROCStories predictor shipped with the
 project. A checkpoint folder with known_sentences.txt predicts one of those sentences per step (the closed-set
-readout of `world_model.decoding`) unless `--readout tokens` is given.
+readout of `world_model.decoding`), one with sentence_bank.json.gz one of its bank's sentences, with the
+window's names (`world_model.sentence_bank`; the shipped predictor has one), unless `--readout tokens` is given
+(the paper's per-slot readout).
 """
 from __future__ import annotations
 
@@ -21,8 +23,8 @@ import torch
 
 from pipeline.windows import caption_window, decode_states
 from world_model.checkpoint import CheckpointError
-from world_model.decoding import READOUTS, readout_candidates
 from world_model.models import load_predictor
+from world_model.sentence_bank import BANK_READOUTS, resolve_readout
 from world_model.vocab import tokenize
 
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "pretrained" / "rocstories-cpu"
@@ -33,22 +35,21 @@ MAX_SAMPLES = 16  # alternative futures per request
 def predict(sentences: list[str], checkpoint: str | Path = SHIPPED_CHECKPOINT, steps: int = 1, samples: int = 1,
             temperature: float = 0.0, top_k: int | None = None, seed: int = 0, readout: str = "auto") -> dict:
     """The predicted next `steps` sentences for each sample, with the window and its unknown words;
-    `readout` as in `world_model.decoding.readout_candidates`. Raises ValueError for an empty sentence or
+    `readout` as in `world_model.sentence_bank.resolve_readout`. Raises ValueError for an empty sentence or
     `steps` / `samples` outside 1..MAX_STEPS / 1..MAX_SAMPLES; `warnings` names sentences cut to the slot count."""
     check_request(sentences, steps, samples)
     model, vocab, known = load_predictor(checkpoint)
-    candidates = readout_candidates(known, readout, checkpoint)
     c = model.config
+    chosen = resolve_readout(checkpoint, known, readout, vocab, c.n_tokens)
     window = caption_window(sentences, vocab, c.n_states, c.n_tokens)
     warnings = [f"sentence {i} has {n} tokens; the predictor reads only its first {c.n_tokens}"
                 for i, n in enumerate((len(tokenize(s)) for s in sentences), 1) if n > c.n_tokens]
     generator = torch.Generator().manual_seed(seed)
     futures = []
     for _ in range(samples if temperature > 0 else 1):
-        ids = model.rollout(window.token_ids, steps, end_ids=vocab.end_ids, temperature=temperature,
-                            top_k=top_k, generator=generator, candidates=candidates)[0]
+        ids = chosen.rollout(model, window.token_ids, steps, vocab.end_ids, temperature, top_k, generator)[0]
         futures.append(decode_states(ids, vocab))
-    return {"checkpoint": str(checkpoint), "readout": "tokens" if candidates is None else "sentences", "window": window.states, "unknown_words": window.unknown_words,
+    return {"checkpoint": str(checkpoint), "readout": chosen.kind, "window": window.states, "unknown_words": window.unknown_words,
             "predictions": futures, "warnings": warnings}
 
 
@@ -75,9 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--readout", choices=READOUTS, default="auto",
-                        help="sentences: one of the checkpoint's known sentences per step; tokens: read tokens off "
-                             "freely; auto (default): sentences when the checkpoint lists them")
+    parser.add_argument("--readout", choices=BANK_READOUTS, default="auto",
+                        help="sentences: one of the checkpoint's known sentences per step; bank: one of its sentence "
+                             "bank's; tokens: read tokens off freely (the paper's per-slot readout); auto (default): "
+                             "known sentences, else the bank, else tokens")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = parser.parse_args(argv)
     try:
