@@ -10,7 +10,6 @@ image processor does.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from encoders.frames import sample_frames
+from world_model.world_sentences import read_records
 
 STATE_FRAMES = 3
 STRIP_SIZE = (48, 144)  # (height, width): three 48 x 48 frames
@@ -37,20 +37,6 @@ class StateSet:
 
     def __len__(self) -> int:
         return len(self.sentences)
-
-
-def read_records(split_dir: str | Path, limit: int | None = None) -> list[dict]:
-    """The episode records of ``split_dir/episodes.jsonl`` (the first ``limit``), each with its clip's path."""
-    split_dir = Path(split_dir)
-    index = split_dir / "episodes.jsonl"
-    if not index.is_file():
-        raise FileNotFoundError(f"{index} not found: generate episodes with "
-                                "`python -m world_model.synthetic_world generate --out DIR`")
-    with open(index, encoding="utf-8") as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    for record in records[:limit]:
-        record["path"] = str(split_dir / record["video"])
-    return records[:limit]
 
 
 def episode_strips(video: str | Path, size: tuple[int, int] = STRIP_SIZE) -> list[np.ndarray]:

@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from encoders.frames import VideoError, sample_frames
 from encoders.grounding import clip_verdict
 from pipeline.presets import PresetError, available_presets, choose_preset, resolve_model_path
-from pipeline.windows import caption_window, decode_states
+from world_model.windows import caption_window, decode_states
 from world_model.checkpoint import CheckpointError, replace_dir
 from world_model.models import Predictor
 from world_model.models import load_predictor as load_predictor_folder

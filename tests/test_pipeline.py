@@ -12,7 +12,7 @@ from PIL import Image
 
 from pipeline import rollout as rollout_module
 from pipeline.rollout import RolloutError, main, run_rollout
-from pipeline.windows import as_state_sentence, caption_window
+from world_model.windows import as_state_sentence, caption_window
 from tests.model_factories import make_tiny_blip, make_tiny_sd, one_torch_thread, write_test_clip
 from world_model.four_tensor import FourTensorConfig, FourTensorModel
 from world_model.vocab import Vocabulary, same_sentence

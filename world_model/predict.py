@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.windows import caption_window, decode_states
+from world_model.windows import caption_window, decode_states
 from world_model.checkpoint import CheckpointError
 from world_model.models import load_predictor
 from world_model.sentence_bank import BANK_READOUTS, resolve_readout

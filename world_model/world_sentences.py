@@ -8,7 +8,7 @@ A data folder written by ``python -m world_model.synthetic_world generate`` hold
 Every second t >= 1 of an episode is the target of one training window (T = n_states of the model config):
 the T sentences before it, then sentence t, so every run of T + 1 consecutive sentences is a window, and
 the first seconds, with fewer than T sentences before them, are left-padded with empty states exactly as
-`pipeline.windows.caption_window` pads a short clip. An episode of S seconds gives S - 1 windows of shape
+`world_model.windows.caption_window` pads a short clip. An episode of S seconds gives S - 1 windows of shape
 (T + 1, N). The last ``VALIDATION_FRACTION`` of the training episodes (at least one) is the validation
 split, and the vocabulary is built over every sentence of the training split.
 
@@ -28,6 +28,7 @@ or, for whole checkpoints beside copy-last and the simulator's ceiling (a Markdo
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -36,8 +37,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from encoders.world_dataset import read_records
-from pipeline.windows import caption_window, decode_states
+from world_model.windows import caption_window, decode_states
 from world_model.rocstories import CLOZE_PATTERN, EXPECTED_FILES, TRAIN_PATTERN, DataError
 from world_model.vocab import PAD_ID, Vocabulary, same_sentence
 
@@ -45,6 +45,20 @@ EPISODES_FILE = "episodes.jsonl"
 TRAIN_SPLIT = "train"
 VALIDATION_FRACTION = 0.1
 GENERATE_HINT = "python -m world_model.synthetic_world generate --episodes N --seed S --out DATA_DIR"
+
+
+def read_records(split_dir: str | Path, limit: int | None = None) -> list[dict]:
+    """The episode records of ``split_dir/episodes.jsonl`` (the first ``limit``), each with its clip's path."""
+    split_dir = Path(split_dir)
+    index = split_dir / "episodes.jsonl"
+    if not index.is_file():
+        raise FileNotFoundError(f"{index} not found: generate episodes with "
+                                "`python -m world_model.synthetic_world generate --out DIR`")
+    with open(index, encoding="utf-8") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    for record in records[:limit]:
+        record["path"] = str(split_dir / record["video"])
+    return records[:limit]
 
 
 def data_kind(data_dir: str | os.PathLike) -> str:
@@ -179,7 +193,7 @@ def predict_ahead(model: nn.Module, vocab: Vocabulary, contexts: Sequence[Sequen
     with `candidates` (C, N), the closed-set readout (`world_model.decoding`): every sentence is one of them.
 
     The window is the context's last n_states sentences, left-padded with empty states when it is shorter
-    (as `pipeline.windows.caption_window` builds it from captions); words outside `vocab` become the unknown
+    (as `world_model.windows.caption_window` builds it from captions); words outside `vocab` become the unknown
     id. Returns one list of `steps` sentences per context. The model runs in eval mode; its mode is restored.
     """
     if steps < 1:
