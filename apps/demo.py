@@ -280,7 +280,7 @@ def outputs(result: RolloutResult, archive: Path, request_id: str, seconds: floa
               "",
               f"- Run folder: `{request_id}/{run_dir.name}`",
               f"- Preset: **{md_escape(record['preset'])}** ({md_escape(record['preset_reason'])})",
-              f"- Readout: {md_escape(record['sampling']['readout'])}",
+              f"- Readout: {md_escape(record.get('sampling', {}).get('readout', 'unknown'))}",
               f"- Caption words outside the predictor's vocabulary: {record['oov']['rate']:.0%}"]
     if samples > 1 and temperature <= 0:
         status.append("- Temperature 0 is greedy, so one sample was made; raise the temperature for alternatives.")

@@ -93,7 +93,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--episodes", type=int, default=300)
     parser.add_argument("--images", type=Path, nargs="*", default=[], help="photographs for real-footage clips (measure)")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
     captioner = HFCaptioner.from_pretrained(args.captioner, device="cpu", batch_size=64)
     states = read_states(args.data, args.episodes, progress=False)
     features, logprobs = strip_features(captioner, list(states.images))

@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         vocab_size = args.vocab_size
         windows = random_windows(args.batch_size * args.steps, vocab_size, settings.get("n_states", 4), settings.get("n_tokens", 16), 0.40)
-    torch.utils.deterministic.fill_uninitialized_memory = False  # as in training
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.utils.deterministic.fill_uninitialized_memory = False  # as in training; restored below
     torch.manual_seed(0)
     model = FourTensorModel(FourTensorConfig(vocab_size=vocab_size, **{**settings, "attention": args.attention}))
     trainer = Trainer(model, windows, args.batch_size)
@@ -180,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key:>42}: {value}")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    torch.utils.deterministic.fill_uninitialized_memory = fill
     return 0
 
 

@@ -207,7 +207,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="write only the ten fixed examples (examples.json, examples.md), without the measures")
     args = parser.parse_args(argv)
     command = "python -m world_model.readout_eval " + " ".join(argv if argv is not None else sys.argv[1:])
-    torch.set_num_threads(1)
     model, vocab, _ = load_predictor(args.checkpoint)
     model.eval()
     n_tokens = model.config.n_tokens
