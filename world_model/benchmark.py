@@ -632,14 +632,20 @@ def plot_ls4(results: dict, path: Path) -> None:
     fig = Figure(figsize=(4.5 * max(len(pairs), 1), 4))
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, max(len(pairs), 1), squeeze=False)[0]
-    colors = {"four_tensor": "tab:blue", "baseline": "tab:orange"}
+    attention_runs = {a["run_dir"] for a in results.get("attention", [])}
+    shown = results["runs"] + [v for v in results.get("variants", []) if v["run_dir"] not in attention_runs]
+    palette = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"]
+    colors = {key: palette[i % len(palette)] for i, key in enumerate(dict.fromkeys(
+        (r["model_type"], r.get("variant")) for r in shown))}  # one colour per row, the same for every seed
     for ax, pair in zip(axes, pairs):
-        for r in (r for r in results["runs"] if r["pair"] == pair):
+        for r in (r for r in shown if r["pair"] == pair):
+            color = colors[(r["model_type"], r.get("variant"))]
+            seed = f", seed {r['seed']}" if r.get("seed") is not None else ""
             epochs = [h["epoch"] for h in r["history"]]
-            ax.plot(epochs, [h["val_last_ce"] for h in r["history"]], "o-", markersize=3, color=colors[r["model_type"]],
-                    label=f"{MODEL_LABELS[r['model_type']]} ({fmt_parameters(r['parameters'])})")
+            ax.plot(epochs, [h["val_last_ce"] for h in r["history"]], "o-", markersize=3, color=color,
+                    label=f"{row_label(r).split(' ', 1)[1]} ({fmt_parameters(r['parameters'])}{seed})")
             if r["best_epoch"] is not None:
-                ax.plot([r["best_epoch"]], [r["val_last_ce"]], "*", markersize=14, color=colors[r["model_type"]],
+                ax.plot([r["best_epoch"]], [r["val_last_ce"]], "*", markersize=14, color=color,
                         markeredgecolor="black", label=f"selected epoch {r['best_epoch']} ({r['stopped_by']})")
             ax.set_title(f"{pair}: H = {r['n_heads']}, L = {r['n_layers']}")
         for f, style in zip((results.get("floors") or {}).get("rows", []), (":", "--", "-.")):
