@@ -14,7 +14,8 @@ def test_bench_speed_reports_both_precisions_and_the_flop_rate(tmp_path, capsys)
     for p in ("fp32", "bf16"):
         assert figures[f"train_windows_per_second_{p}"] > 0 and len(figures[f"train_windows_per_second_{p}_rounds"]) == 1
         best_peak = max(figures["matmul_peak_gflops_fp32"], figures["matmul_peak_gflops_bf16"])
-        assert abs(figures[f"fraction_of_machine_peak_{p}"] - figures[f"achieved_gflops_{p}"] / best_peak) < 5e-3  # both rounded
+        # achieved GFLOP/s is rounded to 0.05 and the fraction to 0.0005: they agree within those roundings
+        assert abs(figures[f"fraction_of_machine_peak_{p}"] - figures[f"achieved_gflops_{p}"] / best_peak) <= 0.05 / best_peak + 6e-4
         assert figures[f"rollout_step_ms_batch1_{p}"] > 0
     assert figures["gflop_per_window"] > 0 and figures["cpu"]
     assert "train_windows_per_second_bf16" in capsys.readouterr().out
