@@ -307,11 +307,16 @@ def main(argv: list[str] | None = None) -> int:
         "warnings": run.record["warnings"],
     }
     print(format_report(result))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_json_report(result, args.json)
     return 0
+
+
+def write_json_report(result: dict, path: Path | None) -> None:
+    """Write the figures to `path` as JSON (its folder created), when a path is given."""
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {path}")
 
 
 def real_size_main(args: argparse.Namespace) -> int:
@@ -328,10 +333,7 @@ def real_size_main(args: argparse.Namespace) -> int:
     with quiet_libraries():
         result = measure(device, memory=peak_rss)
     print(format_result(result))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_json_report(result, args.json)
     return 0
 
 

@@ -22,3 +22,22 @@ def offline_pack_absent(tmp_path, monkeypatch):
             preset.update({c: str(tmp_path / "no_pack" / c) for c in presets.COMPONENTS})
         (folder / path.name).write_text(yaml.safe_dump(preset))
     monkeypatch.setattr(presets, "PRESET_DIR", folder)
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+    """A tiny rollout set-up of the real architectures: {captioner (BLIP), renderer (SD), predictor, clip} paths."""
+    import torch
+
+    from tests.model_factories import make_tiny_blip, make_tiny_sd, one_torch_thread, write_test_clip
+    from world_model.four_tensor import FourTensorConfig, FourTensorModel
+    from world_model.vocab import Vocabulary
+
+    root = tmp_path_factory.mktemp("models")
+    with one_torch_thread():
+        vocab = Vocabulary.build(["a ball falls down ."])
+        torch.manual_seed(0)
+        FourTensorModel(FourTensorConfig(vocab_size=len(vocab), d_x=4, d_t=2, n_heads=1, n_layers=1)
+                        ).save_pretrained(root / "predictor", vocab=vocab)
+        yield {"captioner": str(make_tiny_blip(root / "blip")), "renderer": str(make_tiny_sd(root / "sd")),
+               "predictor": str(root / "predictor"), "clip": write_test_clip(root / "clip.mp4", seconds=3.0, fps=10)}

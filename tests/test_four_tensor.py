@@ -19,18 +19,23 @@ def with_attention(model: FourTensorModel, attention: str) -> FourTensorModel:
     return twin.train(model.training)
 
 
+def assert_same_training_step(a: FourTensorModel, b: FourTensorModel, full: torch.Tensor) -> None:
+    """The two models give the same window loss on `full` (B, T+1, N) and the same gradient for every parameter."""
+    x, y = a.training_step(full), b.training_step(full)
+    torch.testing.assert_close(x.loss, y.loss)
+    x.loss.backward()
+    y.loss.backward()
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name, atol=1e-6, rtol=1e-5)
+
+
 def test_fused_attention_equals_reference_in_value_and_gradient():
     fused = make_model(n_heads=3, attention="fused")
     reference = with_attention(fused, "reference")
     full = torch.cat([make_window(B=3, seed=11), make_window(B=3, seed=12)[:, :1]], dim=1)
     full[2] = 0  # one window of pure padding
     full[2, 4, 0] = 5
-    a, b = fused.training_step(full), reference.training_step(full)
-    torch.testing.assert_close(a.loss, b.loss)
-    a.loss.backward()
-    b.loss.backward()
-    for (name, p), q in zip(fused.named_parameters(), reference.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, msg=name, atol=1e-6, rtol=1e-5)
+    assert_same_training_step(fused, reference, full)
 
 
 def test_one_matmul_qkv_equals_separate_per_head_contractions():

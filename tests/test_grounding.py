@@ -15,9 +15,7 @@ from encoders.grounding import CAPTION_LOGPROB, FEATURE_DISTANCE, FeatureReferen
 from pipeline import rollout as rollout_module
 from pipeline.grounding import pan_zoom_clip
 from pipeline.rollout import main, run_rollout
-from tests.model_factories import make_tiny_blip, make_tiny_sd, one_torch_thread, write_test_clip
-from world_model.four_tensor import FourTensorConfig, FourTensorModel
-from world_model.vocab import Vocabulary
+from tests.model_factories import make_tiny_blip, one_torch_thread
 
 ROOT = Path(__file__).resolve().parent.parent
 PHOTO = Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"  # a real photograph matplotlib ships
@@ -81,16 +79,6 @@ def test_a_captioner_without_reference_gets_an_uncalibrated_caption_likelihood(t
     assert clip_verdict(groundings)["verdict"] == "uncalibrated"
 
 
-@pytest.fixture(scope="module")
-def parts(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    with one_torch_thread():
-        vocab = Vocabulary.build(["a ball falls down ."])
-        torch.manual_seed(0)
-        FourTensorModel(FourTensorConfig(vocab_size=len(vocab), d_x=4, d_t=2, n_heads=1, n_layers=1)
-                        ).save_pretrained(root / "predictor", vocab=vocab)
-        yield {"captioner": str(make_tiny_blip(root / "blip")), "renderer": str(make_tiny_sd(root / "sd")),
-               "predictor": str(root / "predictor"), "clip": write_test_clip(root / "clip.mp4", seconds=3.0, fps=10)}
 
 
 class FlaggingCaptioner:

@@ -4,25 +4,12 @@ import os
 import signal
 
 import pytest
-import torch
 
 from pipeline import rollout as rollout_module
 from pipeline.rollout import MAX_FRAMES, MAX_SAMPLES, MAX_SEED, MAX_STEPS, main, run_rollout
-from tests.model_factories import make_tiny_blip, make_tiny_sd, one_torch_thread, write_test_clip
-from world_model.four_tensor import FourTensorConfig, FourTensorModel
-from world_model.vocab import Vocabulary
+from tests.model_factories import one_torch_thread
 
 
-@pytest.fixture(scope="module")
-def parts(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    with one_torch_thread():
-        vocab = Vocabulary.build(["a ball falls down ."])
-        torch.manual_seed(0)
-        FourTensorModel(FourTensorConfig(vocab_size=len(vocab), d_x=4, d_t=2, n_heads=1, n_layers=1)
-                        ).save_pretrained(root / "predictor", vocab=vocab)
-        yield {"captioner": str(make_tiny_blip(root / "blip")), "renderer": str(make_tiny_sd(root / "sd")),
-               "predictor": str(root / "predictor"), "clip": write_test_clip(root / "clip.mp4", seconds=3.0, fps=10)}
 
 
 def model_args(parts):

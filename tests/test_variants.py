@@ -4,9 +4,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from world_model.four_tensor import CopyPath, FourTensorConfig, FourTensorModel, temporal_causal_bias
+from world_model.four_tensor import CopyPath, temporal_causal_bias
 from world_model.kernels import linear_cross_entropy, linear_mixture_cross_entropy
 from tests.test_faithfulness import V, make_model, make_window
+from tests.test_four_tensor import assert_same_training_step, with_attention
 
 
 def full_window(seed=21, B=3):
@@ -35,16 +36,9 @@ def test_default_model_is_not_causal():
 
 def test_causal_fused_equals_reference_in_value_and_gradient():
     fused = make_model(temporal_causal=True).train()
-    reference = FourTensorModel(FourTensorConfig(**{**fused.config.__dict__, "attention": "reference"}))
-    reference.load_state_dict(fused.state_dict())
     full = full_window()
     full[1, 0] = 0  # an empty first sentence: its queries see only padding and fall back to uniform
-    a, b = fused.training_step(full), reference.training_step(full)
-    torch.testing.assert_close(a.loss, b.loss)
-    a.loss.backward()
-    b.loss.backward()
-    for (name, p), q in zip(fused.named_parameters(), reference.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, msg=name, atol=1e-6, rtol=1e-5)
+    assert_same_training_step(fused, with_attention(fused, "reference"), full)
 
 
 def test_causal_bias_opens_earlier_live_keys_and_falls_back_to_visible_ones():
