@@ -9,6 +9,7 @@
 in its own folder under a temporary root, so two people never see each other's files; the folder is
 offered as a zip. Rollouts go through Gradio's queue, `concurrency` at a time (default 1).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,7 @@ import gradio as gr
 from encoders.frames import VideoError, VideoInfo, probe_video
 from pipeline.presets import COMPONENTS, PROJECT_ROOT, PresetError, available_presets, choose_preset
 from pipeline.rollout import MAX_SEED, RolloutError, RolloutResult, run_rollout
-from world_model.checkpoint import CheckpointError
+from world_model.models.checkpoint import CheckpointError
 
 logger = logging.getLogger(__name__)
 
@@ -85,22 +86,25 @@ def check_clip(video: str | Path | None, defaults: dict) -> tuple[Path, VideoInf
     except OSError:
         raise fail(f"The upload {name} is no longer on the server; upload it again.") from None
     if size > max_mb * 1024 * 1024:
-        raise fail(f"{name} is {size / 1024 / 1024:.1f} MB; the limit is {max_mb:g} MB. "
-                   "Trim or re-encode the clip and upload it again.")
+        raise fail(
+            f"{name} is {size / 1024 / 1024:.1f} MB; the limit is {max_mb:g} MB. "
+            "Trim or re-encode the clip and upload it again."
+        )
     try:
         info = probe_video(path)
     except VideoError as err:
         raise fail(readable(err, path)) from None
     max_s = float(defaults.get("max_duration_s", MAX_DURATION_S))
     if info.duration > max_s:
-        raise fail(f"{name} is {format_duration(info.duration)} long; the limit is {format_duration(max_s)}. "
-                   "Trim the clip and upload it again.")
+        raise fail(
+            f"{name} is {format_duration(info.duration)} long; the limit is {format_duration(max_s)}. "
+            "Trim the clip and upload it again."
+        )
     return path, info
 
 
 def describe_clip(path: Path, info: VideoInfo) -> str:
-    return (f"{md_escape(path.name)}: {format_duration(info.duration)}, {info.width}×{info.height}, "
-            f"{info.fps:g} fps")
+    return f"{md_escape(path.name)}: {format_duration(info.duration)}, {info.width}×{info.height}, {info.fps:g} fps"
 
 
 def on_upload(video: str | None, defaults: dict) -> str:
@@ -221,10 +225,18 @@ def handle_run(
     waited = max(started - clicked_at, 0.0) if clicked_at else 0.0
     try:
         result = run_rollout(
-            path, steps=steps_int, out_dir=run_dir, preset=preset if preset != CUSTOM else "auto",
-            interval=float(interval), max_frames=int(defaults.get("max_frames", MAX_FRAMES)),
-            device=defaults.get("device"), samples=int(samples), temperature=float(temperature or 0.0),
-            seed=seed_int, progress=report, **models,
+            path,
+            steps=steps_int,
+            out_dir=run_dir,
+            preset=preset if preset != CUSTOM else "auto",
+            interval=float(interval),
+            max_frames=int(defaults.get("max_frames", MAX_FRAMES)),
+            device=defaults.get("device"),
+            samples=int(samples),
+            temperature=float(temperature or 0.0),
+            seed=seed_int,
+            progress=report,
+            **models,
         )
         report(1.0, "packing the run folder")
         archive = Path(shutil.make_archive(str(run_dir), "zip", root_dir=request, base_dir=run_dir.name))
@@ -234,10 +246,11 @@ def handle_run(
     except Exception as err:  # a bug: keep the traceback in the server log, show a sentence
         logger.exception("rollout failed")
         shutil.rmtree(request, ignore_errors=True)
-        raise fail(f"The rollout failed unexpectedly ({type(err).__name__}: {readable(err, path)}). "
-                   "The server log has the details.") from None
-    return outputs(result, archive, request.name, time.time() - started, int(samples), float(temperature or 0),
-                   waited)
+        raise fail(
+            f"The rollout failed unexpectedly ({type(err).__name__}: {readable(err, path)}). "
+            "The server log has the details."
+        ) from None
+    return outputs(result, archive, request.name, time.time() - started, int(samples), float(temperature or 0), waited)
 
 
 def unknown_banner(record: dict) -> str:
@@ -246,26 +259,39 @@ def unknown_banner(record: dict) -> str:
     if not grounding.get("flagged"):
         return ""
     where = "This clip is" if grounding["verdict"] == "outside" else "Part of this clip is"
-    return (f"## ⚠️ {where} outside the models' world\n"
-            f"{grounding['flagged']} of {grounding['frames']} frames look like nothing the captioner "
-            f"(`{md_escape(Path(record['models']['captioner']).name)}`) was trained on, so their captions, the "
-            "predicted sentences and the rendered frames describe that world, not this clip. The offline pack knows "
-            "only its synthetic ball, box and elevator; real footage needs the hub models.")
+    return (
+        f"## ⚠️ {where} outside the models' world\n"
+        f"{grounding['flagged']} of {grounding['frames']} frames look like nothing the captioner "
+        f"(`{md_escape(Path(record['models']['captioner']).name)}`) was trained on, so their captions, the "
+        "predicted sentences and the rendered frames describe that world, not this clip. The offline pack knows "
+        "only its synthetic ball, box and elevator; real footage needs the hub models."
+    )
 
 
-def outputs(result: RolloutResult, archive: Path, request_id: str, seconds: float, samples: int,
-            temperature: float, waited: float = 0.0) -> tuple:
+def outputs(
+    result: RolloutResult,
+    archive: Path,
+    request_id: str,
+    seconds: float,
+    samples: int,
+    temperature: float,
+    waited: float = 0.0,
+) -> tuple:
     record, run_dir = result.record, result.run_dir
     observed = [(str(run_dir / o["image"]), f"t={o['timestamp_s']:.1f}s: {o['caption']}") for o in record["observed"]]
     predictions = record["predictions"]
     several = len(predictions) > 1
-    rendered = [(str(run_dir / image), f"{f'sample {k + 1}, ' if several else ''}step {s + 1}: {sentence}")
-                for k, p in enumerate(predictions)
-                for s, (image, sentence) in enumerate(zip(p["images"], p["sentences"]))]
+    rendered = [
+        (str(run_dir / image), f"{f'sample {k + 1}, ' if several else ''}step {s + 1}: {sentence}")
+        for k, p in enumerate(predictions)
+        for s, (image, sentence) in enumerate(zip(p["images"], p["sentences"]))
+    ]
     lines = ["### Captions", "", "| time | caption | in the captioner's world |", "|---:|---|:---:|"]
-    lines += [f"| {o['timestamp_s']:.1f} s | {md_escape(o['caption']) or '*(empty)*'} | "
-              f"{ {True: 'yes', False: '**no**', None: '?'}[(o.get('grounding') or {}).get('grounded')]} |"
-              for o in record["observed"]]
+    lines += [
+        f"| {o['timestamp_s']:.1f} s | {md_escape(o['caption']) or '*(empty)*'} | "
+        f"{ {True: 'yes', False: '**no**', None: '?'}[(o.get('grounding') or {}).get('grounded')] } |"
+        for o in record["observed"]
+    ]
     lines += ["", "### Predicted sentences"]
     for k, p in enumerate(predictions):
         if several:
@@ -273,15 +299,20 @@ def outputs(result: RolloutResult, archive: Path, request_id: str, seconds: floa
         lines += ["", "| step | predicted sentence |", "|---:|---|"]
         lines += [f"| {s + 1} | {md_escape(sentence) or '*(empty)*'} |" for s, sentence in enumerate(p["sentences"])]
         lines.append("")
-    took = f"{waited + seconds:.1f} s ({waited:.1f} s waiting in the queue, {seconds:.1f} s running)" if waited >= 0.5 \
+    took = (
+        f"{waited + seconds:.1f} s ({waited:.1f} s waiting in the queue, {seconds:.1f} s running)"
+        if waited >= 0.5
         else f"{seconds:.1f} s"
-    status = [f"**Done** in {took}: {len(record['observed'])} frames captioned, "
-              f"{len(predictions[0]['sentences'])} steps predicted.",
-              "",
-              f"- Run folder: `{request_id}/{run_dir.name}`",
-              f"- Preset: **{md_escape(record['preset'])}** ({md_escape(record['preset_reason'])})",
-              f"- Readout: {md_escape(record.get('sampling', {}).get('readout', 'unknown'))}",
-              f"- Caption words outside the predictor's vocabulary: {record['oov']['rate']:.0%}"]
+    )
+    status = [
+        f"**Done** in {took}: {len(record['observed'])} frames captioned, "
+        f"{len(predictions[0]['sentences'])} steps predicted.",
+        "",
+        f"- Run folder: `{request_id}/{run_dir.name}`",
+        f"- Preset: **{md_escape(record['preset'])}** ({md_escape(record['preset_reason'])})",
+        f"- Readout: {md_escape(record.get('sampling', {}).get('readout', 'unknown'))}",
+        f"- Caption words outside the predictor's vocabulary: {record['oov']['rate']:.0%}",
+    ]
     if samples > 1 and temperature <= 0:
         status.append("- Temperature 0 is greedy, so one sample was made; raise the temperature for alternatives.")
     status += [f"- Warning: {md_escape(w)}" for w in record["warnings"]]
@@ -316,57 +347,119 @@ def build_demo(defaults: dict | None = None) -> gr.Blocks:
                 examples = example_clips(defaults)
                 if examples:
                     gr.Examples([[str(p)] for p in examples], inputs=[clip], label="Bundled examples")
-                steps = gr.Slider(1, MAX_STEPS, value=int(defaults.get("steps", 3)), step=1,
-                                  label="Predicted steps", elem_id="steps")
-                interval = gr.Slider(0.25, 10, value=float(defaults.get("interval", 1.0)), step=0.25,
-                                     label="Sampling interval (seconds between frames)", elem_id="interval")
-                preset_box = gr.Dropdown(choices, value=preset, label="Model preset", elem_id="preset",
-                                         info="custom = the models named on the command line" if CUSTOM in choices
-                                         else "auto = hub models when cached or reachable, else the offline pack")
+                steps = gr.Slider(
+                    1, MAX_STEPS, value=int(defaults.get("steps", 3)), step=1, label="Predicted steps", elem_id="steps"
+                )
+                interval = gr.Slider(
+                    0.25,
+                    10,
+                    value=float(defaults.get("interval", 1.0)),
+                    step=0.25,
+                    label="Sampling interval (seconds between frames)",
+                    elem_id="interval",
+                )
+                preset_box = gr.Dropdown(
+                    choices,
+                    value=preset,
+                    label="Model preset",
+                    elem_id="preset",
+                    info="custom = the models named on the command line"
+                    if CUSTOM in choices
+                    else "auto = hub models when cached or reachable, else the offline pack",
+                )
                 seed = gr.Number(value=int(defaults.get("seed", 0)), precision=0, label="Seed", elem_id="seed")
                 with gr.Accordion("Sampling (optional)", open=False):
-                    temperature = gr.Slider(0, 2, value=0, step=0.1, label="Temperature (0 = greedy)",
-                                            elem_id="temperature")
-                    samples = gr.Slider(1, 4, value=1, step=1, label="Alternative futures (needs temperature > 0)",
-                                        elem_id="samples")
+                    temperature = gr.Slider(
+                        0, 2, value=0, step=0.1, label="Temperature (0 = greedy)", elem_id="temperature"
+                    )
+                    samples = gr.Slider(
+                        1, 4, value=1, step=1, label="Alternative futures (needs temperature > 0)", elem_id="samples"
+                    )
                 run = gr.Button("Run rollout", variant="primary", elem_id="run")
             with gr.Column(scale=2):
                 banner = gr.Markdown(elem_id="unknown_banner")
                 status = gr.Markdown(READY_MESSAGE, elem_id="status")
-                observed = gr.Gallery(label="Sampled frames and their captions", columns=4, height="auto",
-                                      object_fit="contain", elem_id="observed")
+                observed = gr.Gallery(
+                    label="Sampled frames and their captions",
+                    columns=4,
+                    height="auto",
+                    object_fit="contain",
+                    elem_id="observed",
+                )
                 predicted = gr.Markdown(elem_id="predicted")
-                rendered = gr.Gallery(label="Rendered predicted frames", columns=4, height="auto",
-                                      object_fit="contain", elem_id="rendered")
+                rendered = gr.Gallery(
+                    label="Rendered predicted frames",
+                    columns=4,
+                    height="auto",
+                    object_fit="contain",
+                    elem_id="rendered",
+                )
                 with gr.Row():
-                    video = gr.Video(label="Rollout video (observed, then predicted)", elem_id="rollout_video",
-                                     interactive=False, height=260)
-                    archive = gr.File(label="Run folder (zip with rollout.json)", elem_id="run_zip",
-                                      interactive=False)
+                    video = gr.Video(
+                        label="Rollout video (observed, then predicted)",
+                        elem_id="rollout_video",
+                        interactive=False,
+                        height=260,
+                    )
+                    archive = gr.File(label="Run folder (zip with rollout.json)", elem_id="run_zip", interactive=False)
 
         clicked = gr.State()
 
-        def on_run(video_path, steps_value, interval_value, preset_value, seed_value, temperature_value,
-                   samples_value, clicked_at, progress=gr.Progress()):
-            return handle_run(video_path, steps_value, interval_value, preset_value, seed_value, temperature_value,
-                              samples_value, defaults=defaults, clicked_at=clicked_at,
-                              progress=lambda fraction, message: progress(fraction, desc=message))
+        def on_run(
+            video_path,
+            steps_value,
+            interval_value,
+            preset_value,
+            seed_value,
+            temperature_value,
+            samples_value,
+            clicked_at,
+            progress=gr.Progress(),
+        ):
+            return handle_run(
+                video_path,
+                steps_value,
+                interval_value,
+                preset_value,
+                seed_value,
+                temperature_value,
+                samples_value,
+                defaults=defaults,
+                clicked_at=clicked_at,
+                progress=lambda fraction, message: progress(fraction, desc=message),
+            )
 
-        clip.change(lambda path: on_upload(path, defaults), [clip], [status], queue=False, show_progress="hidden",
-                    api_visibility="private")
+        clip.change(
+            lambda path: on_upload(path, defaults),
+            [clip],
+            [status],
+            queue=False,
+            show_progress="hidden",
+            api_visibility="private",
+        )
         # A cheap check first (errors then mark only the status), the rollout only when it passes.
-        run.click(lambda path, n, s: on_check(path, n, defaults, s), [clip, steps, seed], [status, banner, clicked],
-                  concurrency_limit=None, show_progress="hidden", api_visibility="private").success(
-            on_run, [clip, steps, interval, preset_box, seed, temperature, samples, clicked],
+        run.click(
+            lambda path, n, s: on_check(path, n, defaults, s),
+            [clip, steps, seed],
+            [status, banner, clicked],
+            concurrency_limit=None,
+            show_progress="hidden",
+            api_visibility="private",
+        ).success(
+            on_run,
+            [clip, steps, interval, preset_box, seed, temperature, samples, clicked],
             [observed, predicted, rendered, video, archive, status, banner],
-            concurrency_limit=int(defaults.get("concurrency", 1)), concurrency_id="rollout", api_name="rollout",
+            concurrency_limit=int(defaults.get("concurrency", 1)),
+            concurrency_id="rollout",
+            api_name="rollout",
         ).failure(lambda: FAILED_MESSAGE, None, [status], queue=False, show_progress="hidden", api_visibility="private")
     demo.queue(max_size=int(defaults.get("queue_size", 16)))
     return demo
 
 
-def launch_demo(demo: gr.Blocks, defaults: dict | None = None, host: str = "127.0.0.1", port: int | None = None,
-                **kwargs):
+def launch_demo(
+    demo: gr.Blocks, defaults: dict | None = None, host: str = "127.0.0.1", port: int | None = None, **kwargs
+):
     """Serve `demo` with Gradio's own upload limit (`max_file_mb`).
 
     Gradio only hands out files from the working directory, the system temp folder and `allowed_paths`:
@@ -381,18 +474,23 @@ def launch_demo(demo: gr.Blocks, defaults: dict | None = None, host: str = "127.
     root = Path(defaults.get("temp_root") or default_temp_root()).resolve()
     if not any(root.is_relative_to(Path(p).resolve()) for p in (tempfile.gettempdir(), os.getcwd())):
         allowed.append(str(root))
-    return demo.launch(server_name=host, server_port=port, max_file_size=max_bytes, allowed_paths=allowed or None,
-                       **kwargs)
+    return demo.launch(
+        server_name=host, server_port=port, max_file_size=max_bytes, allowed_paths=allowed or None, **kwargs
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m apps.demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address to serve on (default 127.0.0.1, this machine only)")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1, this machine only)"
+    )
     parser.add_argument("--port", type=int, default=7860, help="port (default 7860)")
-    parser.add_argument("--preset", default=None,
-                        help=f"initial preset: {', '.join(available_presets())} (default auto, or custom when "
-                             "all three models are named)")
+    parser.add_argument(
+        "--preset",
+        default=None,
+        help=f"initial preset: {', '.join(available_presets())} (default auto, or custom when "
+        "all three models are named)",
+    )
     parser.add_argument("--captioner", help="image-to-text model: hub id or folder")
     parser.add_argument("--renderer", help="text-to-image model: hub id or folder")
     parser.add_argument("--predictor", help="4-tensor checkpoint folder")
@@ -400,10 +498,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=1, help="rollouts run at the same time (default 1)")
     parser.add_argument("--queue-size", type=int, default=16, help="requests waiting at most (default 16)")
     parser.add_argument("--max-file-mb", type=float, default=MAX_FILE_MB, help=f"upload limit (default {MAX_FILE_MB})")
-    parser.add_argument("--max-minutes", type=float, default=MAX_DURATION_S / 60,
-                        help=f"clip length limit (default {MAX_DURATION_S / 60:g})")
-    parser.add_argument("--temp-root", type=Path,
-                        help=f"folder for the per-request run folders (default {default_temp_root()})")
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        default=MAX_DURATION_S / 60,
+        help=f"clip length limit (default {MAX_DURATION_S / 60:g})",
+    )
+    parser.add_argument(
+        "--temp-root", type=Path, help=f"folder for the per-request run folders (default {default_temp_root()})"
+    )
     return parser.parse_args(argv)
 
 
@@ -413,9 +516,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.concurrency < 1:
         raise SystemExit("--concurrency must be at least 1")
     defaults = {
-        "preset": args.preset, "captioner": args.captioner, "renderer": args.renderer, "predictor": args.predictor,
-        "device": args.device, "concurrency": args.concurrency, "queue_size": args.queue_size,
-        "max_file_mb": args.max_file_mb, "max_duration_s": args.max_minutes * 60,
+        "preset": args.preset,
+        "captioner": args.captioner,
+        "renderer": args.renderer,
+        "predictor": args.predictor,
+        "device": args.device,
+        "concurrency": args.concurrency,
+        "queue_size": args.queue_size,
+        "max_file_mb": args.max_file_mb,
+        "max_duration_s": args.max_minutes * 60,
         "temp_root": str(args.temp_root) if args.temp_root else None,
     }
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")

@@ -13,8 +13,6 @@ from typing import Protocol
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from huggingface_hub import constants as hub_constants
-from huggingface_hub import try_to_load_from_cache
 from transformers import (
     AutoImageProcessor,
     AutoModelForImageTextToText,
@@ -25,6 +23,7 @@ from transformers import (
 )
 
 from encoders.grounding import CAPTION_LOGPROB, FeatureReference, Grounding
+from world_model.utils.hub import ModelLoadError, default_device, explain_load_failure
 
 DEFAULT_CAPTIONER = "Salesforce/blip-image-captioning-base"
 
@@ -35,41 +34,6 @@ class Captioner(Protocol):
     def __call__(self, images: list[np.ndarray]) -> list[str]:
         """Images (H, W, 3) uint8 RGB -> one caption per image, in order."""
         ...
-
-
-class ModelLoadError(OSError):
-    """A model id or folder could not be loaded; the message names it and says why."""
-
-
-def explain_load_failure(source: str | Path, index_file: str, error: Exception) -> str:
-    """Say why ``source`` failed to load: a folder that lacks files, a missing folder, or a hub id
-    that is not cached.  ``index_file`` is the file a loadable folder must have (e.g. config.json)."""
-    path = Path(source).expanduser()
-    if path.is_dir():
-        contents = ", ".join(sorted(p.name for p in path.iterdir())) or "nothing"
-        lacks = f"it has no {index_file}; " if not (path / index_file).exists() else ""
-        return f"Cannot load a model from folder {path}: {lacks}it contains: {contents}. Cause: {error}"
-    if path.is_file():
-        return f"Expected a model folder (with {index_file}) or a hub id, got a file: {path}"
-    if str(source).startswith(("/", ".", "~")) or str(source).count("/") > 1:
-        return f"Model folder not found: {path}"
-    try:
-        cached = isinstance(try_to_load_from_cache(str(source), index_file), str)
-    except ValueError:  # not a valid repo id either
-        return f"{source!r} is neither an existing folder nor a valid Hugging Face Hub id"
-    if cached:
-        return f"Hub model {source!r} is in the local cache but failed to load: {error}"
-    return (
-        f"{source!r} is not a local folder, so it was treated as a Hugging Face Hub id, but it is not in the "
-        f"local cache ({hub_constants.HF_HUB_CACHE}) and could not be downloaded. Download it where "
-        f"the hub is reachable (`hf download {source}`) and copy the cache, or pass a local folder (without network, "
-        f"HF_HUB_OFFLINE=1 skips the download retries). Cause: {error}"
-    )
-
-
-def default_device(device: str | torch.device | None) -> torch.device:
-    """``device`` if given, else CUDA when available, else CPU."""
-    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 class HFCaptioner:
@@ -129,8 +93,9 @@ class HFCaptioner:
         return self.caption_and_ground(images, progress)[0]
 
     @torch.inference_mode()
-    def caption_and_ground(self, images: list[np.ndarray], progress: str | None = None
-                           ) -> tuple[list[str], list[Grounding]]:
+    def caption_and_ground(
+        self, images: list[np.ndarray], progress: str | None = None
+    ) -> tuple[list[str], list[Grounding]]:
         """Captions as ``__call__`` does, and each image's ``Grounding``: the distance of its encoder
         features to the training strips' when the folder has a reference, else the caption's mean token
         log-probability (uncalibrated)."""
@@ -140,8 +105,13 @@ class HFCaptioner:
             batch = images[start : start + self.batch_size]
             inputs = self.image_processor(images=batch, input_data_format="channels_last", return_tensors="pt")
             pixels = inputs["pixel_values"].to(self.model.device, self.model.dtype)
-            out = self.model.generate(pixel_values=pixels, max_new_tokens=self.max_new_tokens, do_sample=False,
-                                      output_scores=True, return_dict_in_generate=True)
+            out = self.model.generate(
+                pixel_values=pixels,
+                max_new_tokens=self.max_new_tokens,
+                do_sample=False,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
             captions += [text.strip() for text in self.tokenizer.batch_decode(out.sequences, skip_special_tokens=True)]
             if self.reference is not None:
                 groundings += self.reference.ground(self.features(pixels))
@@ -157,6 +127,8 @@ class HFCaptioner:
     def _mean_logprobs(self, out) -> torch.Tensor:
         """(B,) mean log-probability of each generated caption's tokens (padding after the end left out)."""
         scores = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)  # (B, new)
-        new = out.sequences[:, -scores.shape[1]:]
-        keep = torch.isfinite(scores) & (new != self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else True)
+        new = out.sequences[:, -scores.shape[1] :]
+        keep = torch.isfinite(scores) & (
+            new != self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else True
+        )
         return (scores.where(keep, 0).sum(1) / keep.sum(1).clamp_min(1)).float().cpu()

@@ -151,7 +151,9 @@ def sample_frames(
         image = np.concatenate([part[0] for part in parts], axis=1)
         frames.append(SampledFrame(image, parts[0][1], round(parts[0][1] * info.fps)))
     if not frames:
-        raise VideoError(f"No frame of {path} could be decoded (it claims {info.duration:.2f}s, {info.frame_count} frames)")
+        raise VideoError(
+            f"No frame of {path} could be decoded (it claims {info.duration:.2f}s, {info.frame_count} frames)"
+        )
     if len(frames) < len(plan):
         warnings.append(
             f"{path.name}: decoding stopped at {pts:.2f}s of {info.duration:.2f}s; returning {len(frames)} of "
@@ -166,8 +168,9 @@ def _key(seconds: float) -> float:
     return round(seconds, 6)
 
 
-def _decode_at(capture: cv2.VideoCapture, wanted: list[float], info: VideoInfo, max_side: int
-               ) -> tuple[dict[float, tuple[np.ndarray, float]], float, bool]:
+def _decode_at(
+    capture: cv2.VideoCapture, wanted: list[float], info: VideoInfo, max_side: int
+) -> tuple[dict[float, tuple[np.ndarray, float]], float, bool]:
     """For each time in ``wanted`` (sorted seconds), the first frame whose presentation timestamp is at
     least ``time`` less half a nominal frame, as ``{time: ((h, w, 3) RGB, its timestamp)}``; also the timestamp of the
     last frame decoded and whether the stream ended before the last wanted time.
@@ -260,7 +263,9 @@ def _open(path: Path) -> tuple[cv2.VideoCapture, VideoInfo]:
     )
     if 0 < min(info.width, info.height) < MIN_SIDE:  # 0: not known before decoding
         capture.release()
-        raise VideoError(f"{path} has {info.width}x{info.height} frames; at least {MIN_SIDE}x{MIN_SIDE} pixels are needed")
+        raise VideoError(
+            f"{path} has {info.width}x{info.height} frames; at least {MIN_SIDE}x{MIN_SIDE} pixels are needed"
+        )
     return capture, info
 
 

@@ -12,8 +12,9 @@ flag rates (held-out synthetic strips, real photographs turned into clips).
 A captioner without a reference (the hub's BLIP) gets the mean log-probability of its greedy caption
 tokens as its score instead: uncalibrated, so ``grounded`` is None and no verdict is drawn from it.
 
-``python -m pipeline.grounding`` calibrates a reference and measures the flag rates.
+``python -m pipeline.pack.grounding`` calibrates a reference and measures the flag rates.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -55,8 +56,10 @@ class FeatureReference:
 
     def ground(self, features: torch.Tensor) -> list[Grounding]:
         """(B, D) features -> one calibrated ``Grounding`` per row."""
-        return [Grounding(FEATURE_DISTANCE, d, self.threshold, d <= self.threshold)
-                for d in self.distance(features).tolist()]
+        return [
+            Grounding(FEATURE_DISTANCE, d, self.threshold, d <= self.threshold)
+            for d in self.distance(features).tolist()
+        ]
 
     @classmethod
     def fit(cls, features: torch.Tensor, shrinkage: float = 0.1, margin: float = 1.25) -> FeatureReference:
@@ -70,9 +73,15 @@ class FeatureReference:
         return reference
 
     def save(self, folder: str | Path, note: str = "") -> None:
-        save_file({"mean": self.mean.float(), "precision": self.precision.float().contiguous(),
-                   "threshold": torch.tensor([self.threshold])}, str(Path(folder) / REFERENCE_FILE),
-                  metadata={"features": "vision encoder last hidden state, mean over tokens", "note": note})
+        save_file(
+            {
+                "mean": self.mean.float(),
+                "precision": self.precision.float().contiguous(),
+                "threshold": torch.tensor([self.threshold]),
+            },
+            str(Path(folder) / REFERENCE_FILE),
+            metadata={"features": "vision encoder last hidden state, mean over tokens", "note": note},
+        )
 
     @classmethod
     def load(cls, folder: str | Path) -> FeatureReference | None:
@@ -101,6 +110,9 @@ def clip_verdict(groundings: list[Grounding | None]) -> dict:
         verdict = "outside"
     else:
         verdict = "partly outside" if flagged else "inside"
-    return {"verdict": verdict, "frames": len(groundings), "flagged": flagged,
-            "kind": groundings[0].kind if flags else None}
-
+    return {
+        "verdict": verdict,
+        "frames": len(groundings),
+        "flagged": flagged,
+        "kind": groundings[0].kind if flags else None,
+    }

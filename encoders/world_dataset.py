@@ -8,6 +8,7 @@ from the MP4s exactly as ``pipeline.rollout`` decodes a user's clip (``sample_fr
 ``frames_per_state``), then resized to ``STRIP_SIZE`` with PIL's bilinear filter, as the captioner's
 image processor does.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -18,10 +19,8 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from encoders.frames import sample_frames
-from world_model.world_sentences import read_records
-
-STATE_FRAMES = 3
-STRIP_SIZE = (48, 144)  # (height, width): three 48 x 48 frames
+from world_model.data.synthetic.sentences import read_records
+from world_model.data.synthetic.world import STATE_FRAMES, STRIP_SIZE
 
 
 @dataclass
@@ -52,8 +51,9 @@ def resize(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return np.asarray(Image.fromarray(image).resize((size[1], size[0]), Image.Resampling.BILINEAR))
 
 
-def read_states(split_dir: str | Path, limit: int | None = None, size: tuple[int, int] = STRIP_SIZE,
-                progress: bool = True) -> StateSet:
+def read_states(
+    split_dir: str | Path, limit: int | None = None, size: tuple[int, int] = STRIP_SIZE, progress: bool = True
+) -> StateSet:
     """Decode the strips of the first ``limit`` episodes of ``split_dir`` (all by default).
 
     Raises ``ValueError`` when a clip yields a different number of strips than its record has sentences.

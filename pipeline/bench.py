@@ -19,6 +19,7 @@ Presets:
 The rollout time is the sum of the five stages; loading the models (a one-off cost, cached across runs
 in one process) is shown separately and is not part of the shares.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,15 +41,21 @@ from pipeline.presets import PROJECT_ROOT, PresetError, choose_preset, load_pres
 
 STAGES = ("sample_frames", "caption", "predict", "render", "write_outputs")
 # What each stage's per-frame time is divided by.
-PER_FRAME_UNIT = {"sample_frames": "observed", "caption": "observed", "predict": "predicted",
-                  "render": "predicted", "write_outputs": "written"}
+PER_FRAME_UNIT = {
+    "sample_frames": "observed",
+    "caption": "observed",
+    "predict": "predicted",
+    "render": "predicted",
+    "write_outputs": "written",
+}
 SHIPPED_PREDICTOR = PROJECT_ROOT / "world_model" / "pretrained" / "rocstories-cpu"
 CLIP_FPS = 25.0
 MIB = 1024 * 1024
 
 
-def write_shapes_clip(path: str | Path, seconds: float = 10.0, size: tuple[int, int] = (640, 360),
-                      fps: float = CLIP_FPS) -> Path:
+def write_shapes_clip(
+    path: str | Path, seconds: float = 10.0, size: tuple[int, int] = (640, 360), fps: float = CLIP_FPS
+) -> Path:
     """Write an MPEG-4 clip (OpenCV, mp4v) of three shapes moving over a dark background:
     a red disc sliding left to right, a green square bouncing up and down, a blue triangle on a diagonal."""
     path = Path(path)
@@ -127,8 +134,10 @@ def quiet_libraries():
     import diffusers.utils.logging as diffusers_logging
     import transformers.utils.logging as transformers_logging
 
-    saved = [(module, module.get_verbosity(), module.is_progress_bar_enabled())
-             for module in (transformers_logging, diffusers_logging)]
+    saved = [
+        (module, module.get_verbosity(), module.is_progress_bar_enabled())
+        for module in (transformers_logging, diffusers_logging)
+    ]
     for module, _, _ in saved:
         module.set_verbosity_error()
         module.disable_progress_bar()
@@ -151,11 +160,13 @@ def build_tiny_models(folder: Path) -> tuple[dict[str, str], str]:
         about = f"shipped checkpoint {SHIPPED_PREDICTOR.relative_to(PROJECT_ROOT)}"
     else:
         names["predictor"] = str(make_tiny_predictor(folder / "predictor", PREDICTOR_SENTENCES))
-        from world_model.vocab import Vocabulary
+        from world_model.text.vocab import Vocabulary
 
         words = len(Vocabulary.load(names["predictor"]))
-        about = (f"random CPU-sized 4-tensor model (d_x 16, d_t 8, H 4, L 2) over a {words}-word vocabulary from "
-                 f"{len(PREDICTOR_SENTENCES)} sentences; {SHIPPED_PREDICTOR.relative_to(PROJECT_ROOT)} not found")
+        about = (
+            f"random CPU-sized 4-tensor model (d_x 16, d_t 8, H 4, L 2) over a {words}-word vocabulary from "
+            f"{len(PREDICTOR_SENTENCES)} sentences; {SHIPPED_PREDICTOR.relative_to(PROJECT_ROOT)} not found"
+        )
     return names, about
 
 
@@ -185,9 +196,14 @@ def stage_table(record: dict, steps: int) -> dict:
             "per": f"{unit} frame",
             "share_pct": round(100 * timings[stage] / rollout, 2) if rollout > 0 else 0.0,
         }
-    return {"observed_frames": observed, "predicted_frames": predicted, "stages": stages,
-            "rollout_s": round(rollout, 3), "load_models_s": timings.get("load_models", 0.0),
-            "predictor_share_pct": stages["predict"]["share_pct"]}
+    return {
+        "observed_frames": observed,
+        "predicted_frames": predicted,
+        "stages": stages,
+        "rollout_s": round(rollout, 3),
+        "load_models_s": timings.get("load_models", 0.0),
+        "predictor_share_pct": stages["predict"]["share_pct"],
+    }
 
 
 def format_report(result: dict) -> str:
@@ -201,8 +217,9 @@ def format_report(result: dict) -> str:
         f"{'stage':<15}{'total s':>10}{'per frame ms':>15}  {'per':<17}{'share':>8}",
     ]
     for stage, row in result["stages"].items():
-        lines.append(f"{stage:<15}{row['total_s']:>10.3f}{row['per_frame_ms']:>15.1f}  {row['per']:<17}"
-                     f"{row['share_pct']:>7.1f}%")
+        lines.append(
+            f"{stage:<15}{row['total_s']:>10.3f}{row['per_frame_ms']:>15.1f}  {row['per']:<17}{row['share_pct']:>7.1f}%"
+        )
     lines += [
         f"{'rollout':<15}{result['rollout_s']:>10.3f}{'':>15}  {'(5 stages)':<17}{100:>7.1f}%",
         f"{'load_models':<15}{result['load_models_s']:>10.3f}{'':>15}  (one-off, not in the shares)",
@@ -234,8 +251,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between sampled frames (default 1)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own choice)")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
-    parser.add_argument("--real-size", action="store_true",
-                        help="time the hub preset's models at full size with random weights instead (no download)")
+    parser.add_argument(
+        "--real-size",
+        action="store_true",
+        help="time the hub preset's models at full size with random weights instead (no download)",
+    )
     parser.add_argument("--device", help="with --real-size: cpu or cuda (default: cuda when present, else cpu)")
     args = parser.parse_args(argv)
     if not (args.seconds > 0 and math.isfinite(args.seconds)):
@@ -261,8 +281,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             choose_preset("offline")
         except PresetError as err:
-            print(f"error: the offline model pack is not built yet, so there is nothing to time ({offline_detail(err)}); "
-                  "time the pipeline with --preset tiny instead", file=sys.stderr)
+            print(
+                f"error: the offline model pack is not built yet, so there is nothing to time ({offline_detail(err)}); "
+                "time the pipeline with --preset tiny instead",
+                file=sys.stderr,
+            )
             return 2
     threads = torch.get_num_threads()
     if args.threads:
@@ -281,8 +304,15 @@ def main(argv: list[str] | None = None) -> int:
                 about, kwargs = "offline pack", {}
             start = time.perf_counter()
             with RssWatcher() as memory:
-                run = run_rollout(video, steps=args.steps, out_dir=tmp / "run", interval=args.interval, device="cpu",
-                                  preset="offline" if args.preset == "offline" else "auto", **kwargs)
+                run = run_rollout(
+                    video,
+                    steps=args.steps,
+                    out_dir=tmp / "run",
+                    interval=args.interval,
+                    device="cpu",
+                    preset="offline" if args.preset == "offline" else "auto",
+                    **kwargs,
+                )
             wall = time.perf_counter() - start
     except (RolloutError, PresetError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)

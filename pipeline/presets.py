@@ -1,4 +1,5 @@
 """Pipeline presets (`configs/pipeline/*.yaml`) and the `auto` choice between hub and offline models."""
+
 from __future__ import annotations
 
 import os
@@ -75,14 +76,17 @@ def choose_preset(name: str) -> tuple[dict, str]:
         preset = load_preset(name)
         if name == "offline" and missing_offline_models(preset):
             raise PresetError(offline_missing_message(preset))
-        unavailable = [preset[c] for c in ("captioner", "renderer") if name == "hub" and not hub_model_available(preset[c])]
+        unavailable = [
+            preset[c] for c in ("captioner", "renderer") if name == "hub" and not hub_model_available(preset[c])
+        ]
         if unavailable:  # fail now, not after minutes of download retries
             from huggingface_hub import constants
 
             raise PresetError(
                 f"--preset hub: {', '.join(unavailable)} neither in the Hugging Face cache ({constants.HF_HUB_CACHE}) "
                 "nor reachable on the hub (no network, or HF_HUB_OFFLINE is set); use --preset offline (the bundled "
-                "pack) or download the models where the hub is reachable and copy the cache")
+                "pack) or download the models where the hub is reachable and copy the cache"
+            )
         return preset, f"preset {name!r} requested"
     hub = load_preset("hub")
     unavailable = [hub[c] for c in ("captioner", "renderer") if not hub_model_available(hub[c])]

@@ -7,11 +7,11 @@ hub preset's cap) and rendering with sd-turbo (`stabilityai/sd-turbo`: text enco
 inference steps without guidance, the VAE decoder, 512x512), as `DiffusersRenderer` runs them. fp32 on CPU,
 fp16 on CUDA, as the loaders choose. Random weights cost the same arithmetic as trained ones.
 """
+
 from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import torch
 
@@ -31,8 +31,9 @@ def build_captioner(dtype: torch.dtype, device: str):
     from transformers import BlipConfig, BlipForConditionalGeneration
 
     config = read_config("blip-image-captioning-base.json")
-    model = BlipForConditionalGeneration(BlipConfig(text_config=config.pop("text_config"),
-                                                    vision_config=config.pop("vision_config"), **config))
+    model = BlipForConditionalGeneration(
+        BlipConfig(text_config=config.pop("text_config"), vision_config=config.pop("vision_config"), **config)
+    )
     return model.to(device, dtype).eval()
 
 
@@ -42,9 +43,11 @@ def build_renderer(dtype: torch.dtype, device: str) -> tuple[dict, dict]:
     from transformers import CLIPTextConfig, CLIPTextModel
 
     config = read_config("sd-turbo.json")
-    parts = {"unet": UNet2DConditionModel.from_config(config.pop("unet")),
-             "text_encoder": CLIPTextModel(CLIPTextConfig(**config.pop("text_encoder"))),
-             "vae": AutoencoderKL.from_config(config.pop("vae"))}
+    parts = {
+        "unet": UNet2DConditionModel.from_config(config.pop("unet")),
+        "text_encoder": CLIPTextModel(CLIPTextConfig(**config.pop("text_encoder"))),
+        "vae": AutoencoderKL.from_config(config.pop("vae")),
+    }
     return {k: m.to(device, dtype).eval() for k, m in parts.items()}, config
 
 
@@ -103,18 +106,25 @@ def measure(device: str, repeats: int = 2, caption_tokens: int = 30, memory=None
             params = {"blip": sum(p.numel() for p in built.parameters())}
             seconds = timed(lambda: run(built), repeats, device)
         peak = torch.cuda.max_memory_allocated() if device == "cuda" else memory()
-        result[name] = {"seconds_per_frame": round(seconds, 3), "build_s": round(build_s, 1),
-                        "parameters_m": {k: round(v / 1e6, 1) for k, v in params.items()},
-                        ("peak_cuda_allocated_mib" if device == "cuda" else "peak_rss_mib"): round(peak / 2**20)}
+        result[name] = {
+            "seconds_per_frame": round(seconds, 3),
+            "build_s": round(build_s, 1),
+            "parameters_m": {k: round(v / 1e6, 1) for k, v in params.items()},
+            ("peak_cuda_allocated_mib" if device == "cuda" else "peak_rss_mib"): round(peak / 2**20),
+        }
         del built
     return result
 
 
 def format_result(result: dict) -> str:
-    lines = [f"real-size hub models, random weights, on {result['device']} ({result['dtype']}), "
-             f"median of {result['repeats']} after a warm-up:"]
-    for name, what in (("caption", "captioning (BLIP base, 384 px, 30 tokens)"),
-                       ("render", "rendering (sd-turbo, 512 px, 1 step)")):
+    lines = [
+        f"real-size hub models, random weights, on {result['device']} ({result['dtype']}), "
+        f"median of {result['repeats']} after a warm-up:"
+    ]
+    for name, what in (
+        ("caption", "captioning (BLIP base, 384 px, 30 tokens)"),
+        ("render", "rendering (sd-turbo, 512 px, 1 step)"),
+    ):
         r = result[name]
         memory = ", ".join(f"{k.replace('_', ' ')} {v} MiB" for k, v in r.items() if k.endswith("_mib"))
         params = ", ".join(f"{k} {v}M" for k, v in r["parameters_m"].items())

@@ -10,6 +10,7 @@ written beside its destination and renamed into place only when complete (also o
 remove it). Every caption carries a grounding score (`encoders.grounding`) and the clip a verdict; frames
 outside the captioner's world are warned about, or refused with `--on-unknown stop`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,12 +37,13 @@ from tqdm.auto import tqdm
 from encoders.frames import VideoError, sample_frames
 from encoders.grounding import clip_verdict
 from pipeline.presets import PresetError, available_presets, choose_preset, resolve_model_path
-from world_model.windows import caption_window, decode_states
-from world_model.checkpoint import CheckpointError, replace_dir
-from world_model.models import Predictor
-from world_model.models import load_predictor as load_predictor_folder
-from world_model.sentence_bank import BANK_READOUTS as READOUTS
-from world_model.sentence_bank import Readout, resolve_readout
+from world_model.generation.sentence_bank import BANK_READOUTS as READOUTS
+from world_model.generation.sentence_bank import Readout, resolve_readout
+from world_model.models.checkpoint import CheckpointError
+from world_model.models.registry import Predictor
+from world_model.models.registry import load_predictor as load_predictor_folder
+from world_model.text.windows import caption_window, decode_states
+from world_model.utils.files import replace_dir
 
 Progress = Callable[[float, str], None]
 ON_UNKNOWN = ("warn", "stop")
@@ -91,7 +93,7 @@ def load_predictor(name: str, device: str) -> Predictor:
 
 @lru_cache(maxsize=4)
 def load_readout(name: str, device: str, readout: str) -> Readout:
-    """How the predictor reads its states off (`world_model.sentence_bank.resolve_readout`); a bank is encoded once."""
+    """How the predictor reads its states off (`world_model.generation.sentence_bank.resolve_readout`); a bank is encoded once."""
     predictor = load_predictor(name, device)
     return resolve_readout(name, predictor.known_sentences, readout, predictor.vocab, predictor.model.config.n_tokens)
 
@@ -163,8 +165,8 @@ def run_rollout(
         temperature, top_k, seed: sampling of the predicted tokens (of the known sentences with the
             closed-set readout); `seed` also seeds the renderer.
         readout: `auto` (default) picks each predicted state from the predictor folder's known sentences
-            when it has known_sentences.txt (`world_model.decoding`), else from its sentence bank when it has
-            sentence_bank.json.gz (`world_model.sentence_bank`; the ROCStories predictor of the hub preset),
+            when it has known_sentences.txt (`world_model.models.decoding`), else from its sentence bank when it has
+            sentence_bank.json.gz (`world_model.generation.sentence_bank`; the ROCStories predictor of the hub preset),
             else reads tokens off freely; `sentences` and `bank` require their file; `tokens` always reads
             tokens off freely (the paper's per-slot readout).
         init_from_last_frame: render each state image-to-image from the last observed frame.
@@ -188,21 +190,30 @@ def run_rollout(
         raise RolloutError(f"--readout must be one of {', '.join(READOUTS)}, got {readout!r}")
     video = Path(video)
     out_dir = Path(out_dir) if out_dir is not None else default_out_dir(video)
-    chosen, reason = choose_preset(preset) if not (captioner and renderer and predictor) else ({"name": "custom"}, "all components named")
+    chosen, reason = (
+        choose_preset(preset)
+        if not (captioner and renderer and predictor)
+        else ({"name": "custom"}, "all components named")
+    )
     if frames_per_state is None:
         frames_per_state = int(chosen.get("sampling", {}).get("frames_per_state", 1))
     if frames_per_state < 1 or (frames_per_state > 1 and num_frames is not None):
-        raise RolloutError(f"frames per state must be at least 1, and 1 with --frames (evenly spaced frames); "
-                           f"got {frames_per_state} (preset {chosen['name']!r}); sample with --interval instead")
-    names = {c: resolve_model_path(override) if override else chosen[c]
-             for c, override in (("captioner", captioner), ("renderer", renderer), ("predictor", predictor))}
+        raise RolloutError(
+            f"frames per state must be at least 1, and 1 with --frames (evenly spaced frames); "
+            f"got {frames_per_state} (preset {chosen['name']!r}); sample with --interval instead"
+        )
+    names = {
+        c: resolve_model_path(override) if override else chosen[c]
+        for c, override in (("captioner", captioner), ("renderer", renderer), ("predictor", predictor))
+    }
     device = pick_device(device)
     staging = prepare_run_dir(out_dir, overwrite)
     try:
         start = time.perf_counter()
         report(0.0, "sampling frames")
-        clip = sample_frames(video, interval=interval, num_frames=num_frames, max_frames=max_frames,
-                             frames_per_state=frames_per_state)
+        clip = sample_frames(
+            video, interval=interval, num_frames=num_frames, max_frames=max_frames, frames_per_state=frames_per_state
+        )
         timings["sample_frames"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -234,43 +245,74 @@ def run_rollout(
         generator = torch.Generator(device="cpu").manual_seed(seed)
         predictions = []
         for _ in range(samples if temperature > 0 else 1):
-            ids = chosen_readout.rollout(model, window.token_ids.to(device), steps, vocab.end_ids, temperature, top_k,
-                                         generator)[0].cpu()  # (steps, N)
+            ids = chosen_readout.rollout(
+                model, window.token_ids.to(device), steps, vocab.end_ids, temperature, top_k, generator
+            )[0].cpu()  # (steps, N)
             predictions.append({"sentences": decode_states(ids, vocab), "token_ids": ids.tolist()})
         timings["predict"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        rendered = render_states(ren, [p["sentences"] for p in predictions], seed,
-                                 images[-1] if init_from_last_frame else None, report)
+        rendered = render_states(
+            ren, [p["sentences"] for p in predictions], seed, images[-1] if init_from_last_frame else None, report
+        )
         timings["render"] = time.perf_counter() - start
 
         start = time.perf_counter()
         report(0.9, "writing outputs")
         record = {
             "video": str(video),
-            "clip": {"fps": clip.info.fps, "duration_s": clip.info.duration, "width": clip.info.width,
-                     "height": clip.info.height, "rotation": clip.info.rotation},
-            "preset": chosen["name"], "preset_reason": reason,
+            "clip": {
+                "fps": clip.info.fps,
+                "duration_s": clip.info.duration,
+                "width": clip.info.width,
+                "height": clip.info.height,
+                "rotation": clip.info.rotation,
+            },
+            "preset": chosen["name"],
+            "preset_reason": reason,
             "models": {**names, "device": device},
-            "sampling": {"interval_s": interval, "num_frames": num_frames, "max_frames": max_frames,
-                         "frames_per_state": frames_per_state,
-                         "steps": steps, "temperature": temperature, "top_k": top_k, "seed": seed,
-                         "readout": chosen_readout.name,
-                         "samples": len(predictions), "init_from_last_frame": init_from_last_frame},
-            "observed": [{"timestamp_s": round(f.timestamp, 3), "frame_index": f.index, "caption": text,
-                          "grounding": g.as_dict() if g else None, "image": f"observed/{i:03d}.png"}
-                         for i, (f, text, g) in enumerate(zip(clip, captions, groundings))],
+            "sampling": {
+                "interval_s": interval,
+                "num_frames": num_frames,
+                "max_frames": max_frames,
+                "frames_per_state": frames_per_state,
+                "steps": steps,
+                "temperature": temperature,
+                "top_k": top_k,
+                "seed": seed,
+                "readout": chosen_readout.name,
+                "samples": len(predictions),
+                "init_from_last_frame": init_from_last_frame,
+            },
+            "observed": [
+                {
+                    "timestamp_s": round(f.timestamp, 3),
+                    "frame_index": f.index,
+                    "caption": text,
+                    "grounding": g.as_dict() if g else None,
+                    "image": f"observed/{i:03d}.png",
+                }
+                for i, (f, text, g) in enumerate(zip(clip, captions, groundings))
+            ],
             "grounding": verdict,
             "window": {"states": window.states, "token_ids": window.token_ids[0].tolist()},
-            "oov": {"tokens": window.tokens, "unknown": window.unknown, "rate": round(window.oov_rate, 4),
-                    "unknown_words": window.unknown_words},
-            "predictions": [{**p, "images": [f"rendered/sample{k}_step{s + 1:02d}.png" for s in range(steps)]}
-                            for k, p in enumerate(predictions)],
+            "oov": {
+                "tokens": window.tokens,
+                "unknown": window.unknown,
+                "rate": round(window.oov_rate, 4),
+                "unknown_words": window.unknown_words,
+            },
+            "predictions": [
+                {**p, "images": [f"rendered/sample{k}_step{s + 1:02d}.png" for s in range(steps)]}
+                for k, p in enumerate(predictions)
+            ],
             "warnings": [unknown] * bool(unknown) + list(clip.warnings),
         }
         if window.tokens and window.unknown == window.tokens:
-            record["warnings"].append("every caption word is outside the predictor's vocabulary: "
-                                      "the prediction rests on sentence positions alone")
+            record["warnings"].append(
+                "every caption word is outside the predictor's vocabulary: "
+                "the prediction rests on sentence positions alone"
+            )
         write_outputs(staging, record, images, rendered, captions, fps)
         timings["write_outputs"] = time.perf_counter() - start
         record["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
@@ -283,8 +325,9 @@ def run_rollout(
     return RolloutResult(out_dir, record, images, rendered)
 
 
-def render_states(ren, futures: list[list[str]], seed: int, init: np.ndarray | None,
-                  report: Progress) -> list[list[np.ndarray]]:
+def render_states(
+    ren, futures: list[list[str]], seed: int, init: np.ndarray | None, report: Progress
+) -> list[list[np.ndarray]]:
     """Render each sample's sentences one state at a time (sample k with seed + k), with a progress bar
     on stderr and `report` after every state; (H, W, 3) uint8 images per [sample][step]."""
     total = sum(len(f) for f in futures)
@@ -307,13 +350,16 @@ def unknown_warning(verdict: dict, groundings: list, captioner: str) -> str:
         return ""
     threshold = next(g.threshold for g in groundings if g is not None)
     where = "the clip is" if verdict["verdict"] == "outside" else "part of the clip is"
-    return (f"{where} outside the captioner's world: {verdict['flagged']} of {verdict['frames']} frames lie far from "
-            f"what {captioner} was trained on (feature distance to its training frames above {threshold:.1f}); "
-            "their captions, the prediction and the renders describe that world, not this clip")
+    return (
+        f"{where} outside the captioner's world: {verdict['flagged']} of {verdict['frames']} frames lie far from "
+        f"what {captioner} was trained on (feature distance to its training frames above {threshold:.1f}); "
+        "their captions, the prediction and the renders describe that world, not this clip"
+    )
 
 
-def check_settings(interval: float, num_frames: int | None, max_frames: int, temperature: float,
-                   top_k: int | None, fps: float) -> None:
+def check_settings(
+    interval: float, num_frames: int | None, max_frames: int, temperature: float, top_k: int | None, fps: float
+) -> None:
     """Refuse settings that would fail late (after the model work) or obscurely, before anything runs."""
     if not (math.isfinite(interval) and interval > 0):
         raise RolloutError(f"--interval must be a positive number of seconds, got {interval}")
@@ -333,10 +379,17 @@ def write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
-def write_outputs(folder: Path, record: dict, observed: list[np.ndarray], rendered: list[list[np.ndarray]],
-                  captions: list[str], fps: float) -> None:
+def write_outputs(
+    folder: Path,
+    record: dict,
+    observed: list[np.ndarray],
+    rendered: list[list[np.ndarray]],
+    captions: list[str],
+    fps: float,
+) -> None:
     """Frames as PNG, the storyboard, and the video (observed frames, then the first sample's future)."""
-    from renderers.outputs import write_gif, write_storyboard, write_video
+    from renderers.outputs import write_storyboard
+    from world_model.utils.video import write_gif, write_video
 
     for entry, image in zip(record["observed"], observed):
         save_png(folder / entry["image"], image)
@@ -344,8 +397,12 @@ def write_outputs(folder: Path, record: dict, observed: list[np.ndarray], render
         for name, image in zip(prediction["images"], images):
             save_png(folder / name, image)
     first = record["predictions"][0]
-    observed_cells = [(img, f"t={e['timestamp_s']:.1f}s: {e['caption']}") for img, e in zip(observed, record["observed"])]
-    predicted_cells = [(img, f"step {s + 1}: {text}") for s, (img, text) in enumerate(zip(rendered[0], first["sentences"]))]
+    observed_cells = [
+        (img, f"t={e['timestamp_s']:.1f}s: {e['caption']}") for img, e in zip(observed, record["observed"])
+    ]
+    predicted_cells = [
+        (img, f"step {s + 1}: {text}") for s, (img, text) in enumerate(zip(rendered[0], first["sentences"]))
+    ]
     write_storyboard(observed_cells, predicted_cells, folder / "storyboard.png", title=Path(record["video"]).name)
     size = observed[0].shape[:2]
     frames = [fit(img, size) for img in observed + rendered[0]]
@@ -368,36 +425,54 @@ def fit(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m pipeline.rollout", description=__doc__.split("\n\n")[0])
     parser.add_argument("video", type=Path, help="the clip to read")
-    parser.add_argument("--steps", type=int, default=5, help=f"predicted future states (default 5, at most {MAX_STEPS})")
-    parser.add_argument("--preset", default="auto", help=f"model preset: {', '.join(available_presets())} (default auto)")
+    parser.add_argument(
+        "--steps", type=int, default=5, help=f"predicted future states (default 5, at most {MAX_STEPS})"
+    )
+    parser.add_argument(
+        "--preset", default="auto", help=f"model preset: {', '.join(available_presets())} (default auto)"
+    )
     parser.add_argument("--out", type=Path, help="run folder (default runs/<clip>-<time>)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
     sampling = parser.add_mutually_exclusive_group()
     sampling.add_argument("--interval", type=float, default=1.0, help="seconds between sampled frames (default 1.0)")
     sampling.add_argument("--frames", type=int, help="sample this many evenly spaced frames instead")
-    parser.add_argument("--max-frames", type=int, default=32,
-                        help=f"cap on sampled frames (default 32, at most {MAX_FRAMES})")
-    parser.add_argument("--frames-per-state", type=int,
-                        help="frames tiled into each state strip (default: the preset's, else 1)")
+    parser.add_argument(
+        "--max-frames", type=int, default=32, help=f"cap on sampled frames (default 32, at most {MAX_FRAMES})"
+    )
+    parser.add_argument(
+        "--frames-per-state", type=int, help="frames tiled into each state strip (default: the preset's, else 1)"
+    )
     parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--captioner", help="image-to-text model: hub id or folder (overrides the preset)")
     parser.add_argument("--renderer", help="text-to-image model: hub id or folder (overrides the preset)")
     parser.add_argument("--predictor", help="4-tensor checkpoint folder (overrides the preset)")
-    parser.add_argument("--samples", type=int, default=1,
-                        help=f"alternative futures (needs --temperature > 0; at most {MAX_SAMPLES})")
+    parser.add_argument(
+        "--samples", type=int, default=1, help=f"alternative futures (needs --temperature > 0; at most {MAX_SAMPLES})"
+    )
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, help="sample only among the k likeliest words")
     parser.add_argument("--seed", type=int, default=0, help="seed for sampling and rendering")
-    parser.add_argument("--readout", choices=READOUTS, default="auto",
-                        help="sentences: pick each state from the predictor's known sentences; bank: from its "
-                             "sentence bank; tokens: read tokens off freely (the paper's per-slot readout); auto "
-                             "(default): known sentences, else the bank, else tokens")
-    parser.add_argument("--init-from-last-frame", action="store_true", help="image-to-image from the last observed frame")
+    parser.add_argument(
+        "--readout",
+        choices=READOUTS,
+        default="auto",
+        help="sentences: pick each state from the predictor's known sentences; bank: from its "
+        "sentence bank; tokens: read tokens off freely (the paper's per-slot readout); auto "
+        "(default): known sentences, else the bank, else tokens",
+    )
+    parser.add_argument(
+        "--init-from-last-frame", action="store_true", help="image-to-image from the last observed frame"
+    )
     parser.add_argument("--fps", type=float, default=2.0, help="frame rate of rollout.mp4 (default 2)")
-    parser.add_argument("--on-unknown", choices=ON_UNKNOWN, default="warn",
-                        help="frames outside the captioner's world: warn (default) or stop before predicting")
-    parser.add_argument("--verbose", action="store_true",
-                        help="keep the libraries' loading bars and advisory warnings on stderr")
+    parser.add_argument(
+        "--on-unknown",
+        choices=ON_UNKNOWN,
+        default="warn",
+        help="frames outside the captioner's world: warn (default) or stop before predicting",
+    )
+    parser.add_argument(
+        "--verbose", action="store_true", help="keep the libraries' loading bars and advisory warnings on stderr"
+    )
     parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
     return parser.parse_args(argv)
 
@@ -405,9 +480,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def summary(result: RolloutResult) -> str:
     r = result.record
     lines = [f"preset: {r['preset']} ({r['preset_reason']})"]
-    lines += [f"  t={o['timestamp_s']:>6.1f}s  {o['caption']}"
-              + ("  [outside the captioner's world]" if (o["grounding"] or {}).get("grounded") is False else "")
-              for o in r["observed"]]
+    lines += [
+        f"  t={o['timestamp_s']:>6.1f}s  {o['caption']}"
+        + ("  [outside the captioner's world]" if (o["grounding"] or {}).get("grounded") is False else "")
+        for o in r["observed"]
+    ]
     for k, p in enumerate(r["predictions"]):
         lines.append(f"predicted{'' if len(r['predictions']) == 1 else f' (sample {k + 1})'}:")
         lines += [f"  step {s + 1}: {text}" for s, text in enumerate(p["sentences"])]
@@ -448,12 +525,27 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, stop_on_sigterm) if in_main_thread else None
     try:
         result = run_rollout(
-            args.video, steps=args.steps, out_dir=args.out, preset=args.preset, interval=args.interval,
-            num_frames=args.frames, max_frames=args.max_frames, frames_per_state=args.frames_per_state,
-            captioner=args.captioner, renderer=args.renderer,
-            predictor=args.predictor, device=args.device, samples=args.samples, temperature=args.temperature,
-            top_k=args.top_k, seed=args.seed, readout=args.readout, init_from_last_frame=args.init_from_last_frame, fps=args.fps,
-            overwrite=args.overwrite, on_unknown=args.on_unknown,
+            args.video,
+            steps=args.steps,
+            out_dir=args.out,
+            preset=args.preset,
+            interval=args.interval,
+            num_frames=args.frames,
+            max_frames=args.max_frames,
+            frames_per_state=args.frames_per_state,
+            captioner=args.captioner,
+            renderer=args.renderer,
+            predictor=args.predictor,
+            device=args.device,
+            samples=args.samples,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            seed=args.seed,
+            readout=args.readout,
+            init_from_last_frame=args.init_from_last_frame,
+            fps=args.fps,
+            overwrite=args.overwrite,
+            on_unknown=args.on_unknown,
         )
         print(summary(result))
     except (RolloutError, PresetError, VideoError, CheckpointError, ValueError, OSError) as err:
@@ -464,8 +556,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # a bug or a failure nobody foresaw: one line, not a traceback
         if args.debug:
             raise
-        print(f"error: unexpected failure ({type(err).__name__}: {err}); rerun with --debug for the traceback",
-              file=sys.stderr)
+        print(
+            f"error: unexpected failure ({type(err).__name__}: {err}); rerun with --debug for the traceback",
+            file=sys.stderr,
+        )
         return 1
     finally:
         if in_main_thread:

@@ -79,12 +79,28 @@ def make_tiny_blip(folder: str | Path) -> Path:
         tokenizer = BertTokenizer(vocab=str(vocab_file), bos_token="[DEC]")
     processor = BlipProcessor(image_processor=BlipImageProcessor(size={"height": 32, "width": 32}), tokenizer=tokenizer)
     config = BlipConfig(
-        vision_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
-                           image_size=32, patch_size=8, initializer_range=_INIT_RANGE),
-        text_config=dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=37, num_hidden_layers=2,
-                         num_attention_heads=4, max_position_embeddings=64, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.sep_token_id, sep_token_id=tokenizer.sep_token_id,
-                         pad_token_id=tokenizer.pad_token_id, initializer_range=_INIT_RANGE),
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            image_size=32,
+            patch_size=8,
+            initializer_range=_INIT_RANGE,
+        ),
+        text_config=dict(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.sep_token_id,
+            sep_token_id=tokenizer.sep_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            initializer_range=_INIT_RANGE,
+        ),
         projection_dim=32,
     )
     torch.manual_seed(0)
@@ -109,22 +125,55 @@ def make_tiny_sd(folder: str | Path) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = CLIPTokenizer(*_write_bpe_files(Path(tmp), vocab, merges), model_max_length=16)
     torch.manual_seed(0)
-    text_encoder = CLIPTextModel(CLIPTextConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
-        max_position_embeddings=16, projection_dim=32, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
+    text_encoder = CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=16,
+            projection_dim=32,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
     unet = UNet2DConditionModel(
-        sample_size=16, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(8, 16),
-        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-        cross_attention_dim=32, attention_head_dim=4, norm_num_groups=4)
+        sample_size=16,
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=1,
+        block_out_channels=(8, 16),
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=32,
+        attention_head_dim=4,
+        norm_num_groups=4,
+    )
     vae = AutoencoderKL(
-        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16), norm_num_groups=4,
-        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2, sample_size=32)
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        block_out_channels=(8, 16),
+        norm_num_groups=4,
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        sample_size=32,
+    )
     scheduler = EulerAncestralDiscreteScheduler(
-        beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", steps_offset=1, timestep_spacing="trailing")
+        beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", steps_offset=1, timestep_spacing="trailing"
+    )
     pipeline = StableDiffusionPipeline(
-        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet, scheduler=scheduler,
-        safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        unet=unet,
+        scheduler=scheduler,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
     pipeline.save_pretrained(folder)
     return folder
 
@@ -141,10 +190,12 @@ def make_tiny_predictor(
     """Save a randomly initialised ``FourTensorModel`` (default: the CPU-sized preset, d_x 16, d_t 8,
     4 heads, 2 layers) with a vocabulary built from ``sentences``, in the checkpoint layout
     ``load_model`` / ``Vocabulary.load`` read."""
-    from world_model.four_tensor import FourTensorConfig, FourTensorModel
-    from world_model.vocab import Vocabulary
+    from world_model.models.four_tensor import FourTensorConfig, FourTensorModel
+    from world_model.text.vocab import Vocabulary
 
     vocab = Vocabulary.build(sentences)
     torch.manual_seed(seed)
-    model = FourTensorModel(FourTensorConfig(vocab_size=len(vocab), d_x=d_x, d_t=d_t, n_heads=n_heads, n_layers=n_layers))
+    model = FourTensorModel(
+        FourTensorConfig(vocab_size=len(vocab), d_x=d_x, d_t=d_t, n_heads=n_heads, n_layers=n_layers)
+    )
     return model.save_pretrained(Path(folder), vocab=vocab)

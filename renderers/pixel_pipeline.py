@@ -3,7 +3,7 @@
 ``PixelTextToImagePipeline`` denoises RGB pixels directly (no VAE). A ``UNet2DConditionModel`` reads the
 noisy image (B, 3, H, W) and the timestep, attends to the text encoder's hidden states (B, L, D), and
 gets the pooled sentence embedding (B, D) added to its time embedding. The text encoder is a small
-``CLIPTextModel`` over the word-level tokenizer of ``encoders.word_tokenizer``. The UNet predicts the
+``CLIPTextModel`` over the word-level tokenizer of ``world_model.text.word_tokenizer``. The UNet predicts the
 clean image (``prediction_type="sample"``: a small network learns the few-dimensional clean strips
 much faster than the full-dimensional noise or velocity) on a cosine noise schedule; the pipeline
 samples with stochastic DPM-Solver++ from pure noise ("trailing" timesteps; the scheduler's noise comes
@@ -21,8 +21,9 @@ each frame it draws.
     pipe = PixelTextToImagePipeline.from_pretrained("offline_pack/renderer")
     image = pipe("the small red ball falls toward the floor.", generator=torch.Generator().manual_seed(0)).images[0]
 
-``build_pixel_pipeline`` makes a randomly initialised one for training (``renderers.train_renderer``).
+``build_pixel_pipeline`` makes a randomly initialised one for training (``pipeline.pack.train_renderer``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,8 +37,8 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils.torch_utils import randn_tensor
 from transformers import CLIPTextConfig, CLIPTextModel, PreTrainedTokenizerBase
 
-from encoders.word_tokenizer import build_word_tokenizer
-from encoders.world_dataset import STRIP_SIZE
+from world_model.data.synthetic.world import STRIP_SIZE
+from world_model.text.word_tokenizer import build_word_tokenizer
 
 
 @dataclass
@@ -60,8 +61,8 @@ class PixelPipelineConfig:
     num_train_timesteps: int = 1000
     prediction_type: str = "sample"  # what the UNet outputs: "sample" (the clean image) or "v_prediction"
     num_inference_steps: int = 15
-    guidance_scale: float = 1.5  # chosen by pipeline.round_trip over 1-5 for the shipped renderer
-    solver: str = "sde-dpmsolver++"  # one of SOLVERS; the stochastic one, chosen by pipeline.round_trip
+    guidance_scale: float = 1.5  # chosen by pipeline.pack.round_trip over 1-5 for the shipped renderer
+    solver: str = "sde-dpmsolver++"  # one of SOLVERS; the stochastic one, chosen by pipeline.pack.round_trip
 
 
 class PixelTextToImagePipeline(DiffusionPipeline):
@@ -92,13 +93,18 @@ class PixelTextToImagePipeline(DiffusionPipeline):
         channels = 3 * patch_size**2
         expected = (channels + (3 if strip_frames else 0), channels)
         if (unet.config.in_channels, unet.config.out_channels) != expected:
-            raise ValueError(f"patch_size {patch_size} and strip_frames {strip_frames} need a UNet with "
-                             f"{expected[0]}/{expected[1]} in/out channels, got "
-                             f"{unet.config.in_channels}/{unet.config.out_channels}")
+            raise ValueError(
+                f"patch_size {patch_size} and strip_frames {strip_frames} need a UNet with "
+                f"{expected[0]}/{expected[1]} in/out channels, got "
+                f"{unet.config.in_channels}/{unet.config.out_channels}"
+            )
         self.register_modules(unet=unet, scheduler=scheduler, text_encoder=text_encoder, tokenizer=tokenizer)
-        self.register_to_config(default_num_inference_steps=default_num_inference_steps,
-                                default_guidance_scale=default_guidance_scale, patch_size=patch_size,
-                                strip_frames=strip_frames)
+        self.register_to_config(
+            default_num_inference_steps=default_num_inference_steps,
+            default_guidance_scale=default_guidance_scale,
+            patch_size=patch_size,
+            strip_frames=strip_frames,
+        )
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> PixelTextToImagePipeline:
@@ -123,9 +129,11 @@ class PixelTextToImagePipeline(DiffusionPipeline):
         m = self.size_multiple
         for name, value in (("height", height), ("width", width)):
             if not isinstance(value, (int, np.integer)) or value <= 0 or value % m:
-                raise ValueError(f"{name} must be a positive multiple of {m} (patches of {p} pixels that the "
-                                 f"UNet halves {len(self.unet.config.block_out_channels) - 1} times), got "
-                                 f"{value!r}; the trained size is {default_height}x{default_width}")
+                raise ValueError(
+                    f"{name} must be a positive multiple of {m} (patches of {p} pixels that the "
+                    f"UNet halves {len(self.unet.config.block_out_channels) - 1} times), got "
+                    f"{value!r}; the trained size is {default_height}x{default_width}"
+                )
         return int(height), int(width)
 
     def tokenize(self, prompts: list[str]) -> dict[str, torch.Tensor]:
@@ -133,8 +141,14 @@ class PixelTextToImagePipeline(DiffusionPipeline):
         Words past ``max_length - 2`` are dropped; unknown words become [UNK]."""
         tokenizer = self.tokenizer
         length = tokenizer.model_max_length
-        rows = [[tokenizer.bos_token_id, *tokenizer(p, add_special_tokens=False)["input_ids"][: length - 2],
-                 tokenizer.eos_token_id] for p in prompts]
+        rows = [
+            [
+                tokenizer.bos_token_id,
+                *tokenizer(p, add_special_tokens=False)["input_ids"][: length - 2],
+                tokenizer.eos_token_id,
+            ]
+            for p in prompts
+        ]
         ids = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.long)
         for i, row in enumerate(rows):
             ids[i, : len(row)] = torch.tensor(row)
@@ -146,16 +160,18 @@ class PixelTextToImagePipeline(DiffusionPipeline):
         output = self.text_encoder(**tokens)
         return output.last_hidden_state, tokens["attention_mask"], output.pooler_output
 
-    def predict(self, sample: torch.Tensor, timestep: torch.Tensor | int, text: tuple[torch.Tensor, ...]
-                ) -> torch.Tensor:
+    def predict(
+        self, sample: torch.Tensor, timestep: torch.Tensor | int, text: tuple[torch.Tensor, ...]
+    ) -> torch.Tensor:
         """The UNet's output (B, 3, H, W) for noisy images ``sample`` (B, 3, H, W) given ``encode_prompt`` output."""
         hidden, mask, pooled = text
         p = self.config.patch_size
         patches = F.pixel_unshuffle(sample, p) if p > 1 else sample  # (B, 3 p^2, H / p, W / p)
         if self.config.strip_frames:
             patches = torch.cat([patches, self.coordinates(patches)], dim=1)
-        output = self.unet(patches, timestep, encoder_hidden_states=hidden, encoder_attention_mask=mask,
-                           class_labels=pooled).sample
+        output = self.unet(
+            patches, timestep, encoder_hidden_states=hidden, encoder_attention_mask=mask, class_labels=pooled
+        ).sample
         return F.pixel_shuffle(output, p) if p > 1 else output
 
     def coordinates(self, patches: torch.Tensor) -> torch.Tensor:
@@ -167,11 +183,13 @@ class PixelTextToImagePipeline(DiffusionPipeline):
         frame = torch.div(column * n, w, rounding_mode="floor")
         within = (column - frame * w / n + 0.5) / (w / n)  # (0, 1)
         row = torch.linspace(-1, 1, h, device=patches.device)
-        maps = torch.stack([
-            row[:, None].expand(h, w),
-            (2 * within - 1)[None].expand(h, w),
-            (2 * frame / max(n - 1, 1) - 1)[None].expand(h, w),
-        ])
+        maps = torch.stack(
+            [
+                row[:, None].expand(h, w),
+                (2 * within - 1)[None].expand(h, w),
+                (2 * frame / max(n - 1, 1) - 1)[None].expand(h, w),
+            ]
+        )
         return maps.to(patches.dtype).expand(batch, 3, h, w)
 
     @torch.no_grad()
@@ -241,14 +259,21 @@ def check_solver(solver: str) -> str:
     return solver
 
 
-def make_scheduler(num_train_timesteps: int = 1000, prediction_type: str = "sample",
-                   solver: str = "sde-dpmsolver++") -> DPMSolverMultistepScheduler:
+def make_scheduler(
+    num_train_timesteps: int = 1000, prediction_type: str = "sample", solver: str = "sde-dpmsolver++"
+) -> DPMSolverMultistepScheduler:
     """DPM-Solver++ (2M, ``solver`` one of ``SOLVERS``) on the cosine schedule, sampling from pure noise
     ("trailing" timesteps) and clipping the predicted clean image to [-1, 1] (dynamic thresholding)."""
     return DPMSolverMultistepScheduler(
-        num_train_timesteps=num_train_timesteps, beta_schedule="squaredcos_cap_v2", prediction_type=prediction_type,
-        timestep_spacing="trailing", thresholding=True, dynamic_thresholding_ratio=0.995, sample_max_value=1.0,
-        final_sigmas_type="zero", algorithm_type=check_solver(solver),
+        num_train_timesteps=num_train_timesteps,
+        beta_schedule="squaredcos_cap_v2",
+        prediction_type=prediction_type,
+        timestep_spacing="trailing",
+        thresholding=True,
+        dynamic_thresholding_ratio=0.995,
+        sample_max_value=1.0,
+        final_sigmas_type="zero",
+        algorithm_type=check_solver(solver),
     )
 
 
@@ -257,42 +282,63 @@ def set_solver(pipe: PixelTextToImagePipeline, solver: str) -> None:
     pipe.scheduler = DPMSolverMultistepScheduler.from_config(pipe.scheduler.config, algorithm_type=check_solver(solver))
 
 
-def build_pixel_pipeline(sentences: Iterable[str], config: PixelPipelineConfig | None = None,
-                         seed: int = 0) -> PixelTextToImagePipeline:
+def build_pixel_pipeline(
+    sentences: Iterable[str], config: PixelPipelineConfig | None = None, seed: int = 0
+) -> PixelTextToImagePipeline:
     """A randomly initialised pipeline whose tokenizer knows the words of ``sentences``."""
     config = config or PixelPipelineConfig()
     p = config.patch_size
     if not 0 <= config.self_attention_levels <= config.attention_levels <= len(config.block_out_channels):
-        raise ValueError(f"need 0 <= self_attention_levels <= attention_levels <= {len(config.block_out_channels)} "
-                         f"levels, got {config.self_attention_levels} and {config.attention_levels}")
+        raise ValueError(
+            f"need 0 <= self_attention_levels <= attention_levels <= {len(config.block_out_channels)} "
+            f"levels, got {config.self_attention_levels} and {config.attention_levels}"
+        )
     if any(size % p for size in config.sample_size):
         raise ValueError(f"sample_size {config.sample_size} is not a multiple of patch_size {p}")
     tokenizer = build_word_tokenizer(sentences, model_max_length=config.max_text_length)
     torch.manual_seed(seed)
-    text_encoder = CLIPTextModel(CLIPTextConfig(
-        vocab_size=len(tokenizer), hidden_size=config.text_dim, intermediate_size=4 * config.text_dim,
-        num_hidden_layers=config.text_layers, num_attention_heads=config.text_heads,
-        max_position_embeddings=config.max_text_length, pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, projection_dim=config.text_dim,
-    ))  # pooler_output is the hidden state at the first [EOS]
+    text_encoder = CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=config.text_dim,
+            intermediate_size=4 * config.text_dim,
+            num_hidden_layers=config.text_layers,
+            num_attention_heads=config.text_heads,
+            max_position_embeddings=config.max_text_length,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            projection_dim=config.text_dim,
+        )
+    )  # pooler_output is the hidden state at the first [EOS]
     levels = len(config.block_out_channels)
     attention = [i >= levels - config.attention_levels for i in range(levels)]
     cross_only = tuple(i < levels - config.self_attention_levels for i in range(levels))
     unet = UNet2DConditionModel(
-        sample_size=tuple(size // p for size in config.sample_size), out_channels=3 * p**2,
+        sample_size=tuple(size // p for size in config.sample_size),
+        out_channels=3 * p**2,
         in_channels=3 * p**2 + (3 if config.strip_frames else 0),
         resnet_time_scale_shift="scale_shift" if config.scale_shift else "default",
-        block_out_channels=tuple(config.block_out_channels), layers_per_block=config.layers_per_block,
+        block_out_channels=tuple(config.block_out_channels),
+        layers_per_block=config.layers_per_block,
         down_block_types=tuple("CrossAttnDownBlock2D" if a else "DownBlock2D" for a in attention),
         up_block_types=tuple("CrossAttnUpBlock2D" if a else "UpBlock2D" for a in reversed(attention)),
         # diffusers reads attention_head_dim as the number of heads of each level
         attention_head_dim=tuple(max(1, c // config.head_channels) for c in config.block_out_channels),
-        only_cross_attention=cross_only, mid_block_only_cross_attention=False,
-        cross_attention_dim=config.text_dim, norm_num_groups=8,
-        class_embed_type="projection", projection_class_embeddings_input_dim=config.text_dim,
+        only_cross_attention=cross_only,
+        mid_block_only_cross_attention=False,
+        cross_attention_dim=config.text_dim,
+        norm_num_groups=8,
+        class_embed_type="projection",
+        projection_class_embeddings_input_dim=config.text_dim,
     )
     return PixelTextToImagePipeline(
-        unet=unet, scheduler=make_scheduler(config.num_train_timesteps, config.prediction_type, config.solver),
-        text_encoder=text_encoder, tokenizer=tokenizer, default_num_inference_steps=config.num_inference_steps,
-        default_guidance_scale=config.guidance_scale, patch_size=p, strip_frames=config.strip_frames,
+        unet=unet,
+        scheduler=make_scheduler(config.num_train_timesteps, config.prediction_type, config.solver),
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        default_num_inference_steps=config.num_inference_steps,
+        default_guidance_scale=config.guidance_scale,
+        patch_size=p,
+        strip_frames=config.strip_frames,
     )

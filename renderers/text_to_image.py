@@ -19,7 +19,7 @@ import torch
 from diffusers import AutoPipelineForImage2Image, AutoPipelineForText2Image, DiffusionPipeline
 from PIL import Image
 
-from encoders.captioner import ModelLoadError, default_device, explain_load_failure
+from world_model.utils.hub import ModelLoadError, default_device, explain_load_failure
 
 DEFAULT_RENDERER = "stabilityai/sd-turbo"
 
@@ -126,8 +126,15 @@ class DiffusersRenderer:
         if "num_inference_steps" in settings:
             # img2img runs int(steps * strength) steps; keep at least one (1-step SD-Turbo would run none).
             settings["num_inference_steps"] = max(settings["num_inference_steps"], math.ceil(1 / self.strength))
-        return _call(self.image_to_image(), prompt=prompt, image=image, strength=self.strength,
-                     generator=generator, output_type="np", **settings)
+        return _call(
+            self.image_to_image(),
+            prompt=prompt,
+            image=image,
+            strength=self.strength,
+            generator=generator,
+            output_type="np",
+            **settings,
+        )
 
     def image_to_image(self) -> DiffusionPipeline:
         """The image-to-image pipeline sharing this pipeline's components (built on first use)."""
@@ -153,8 +160,10 @@ def resolve_pipeline_class(path: str) -> type[DiffusionPipeline]:
     pipeline_class = getattr(module, class_name, None)
     if not (isinstance(pipeline_class, type) and issubclass(pipeline_class, DiffusionPipeline)):
         found = "nothing" if pipeline_class is None else type(pipeline_class).__name__
-        raise ValueError(f"pipeline_class {path!r}: module {module_name!r} has {found} named {class_name!r}, "
-                         "not a DiffusionPipeline subclass")
+        raise ValueError(
+            f"pipeline_class {path!r}: module {module_name!r} has {found} named {class_name!r}, "
+            "not a DiffusionPipeline subclass"
+        )
     return pipeline_class
 
 

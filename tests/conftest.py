@@ -1,4 +1,5 @@
 """Test-wide settings: no test reaches a model hub (none is reachable here, and a retry loop costs minutes)."""
+
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -30,14 +31,19 @@ def parts(tmp_path_factory):
     import torch
 
     from tests.model_factories import make_tiny_blip, make_tiny_sd, one_torch_thread, write_test_clip
-    from world_model.four_tensor import FourTensorConfig, FourTensorModel
-    from world_model.vocab import Vocabulary
+    from world_model.models.four_tensor import FourTensorConfig, FourTensorModel
+    from world_model.text.vocab import Vocabulary
 
     root = tmp_path_factory.mktemp("models")
     with one_torch_thread():
         vocab = Vocabulary.build(["a ball falls down ."])
         torch.manual_seed(0)
-        FourTensorModel(FourTensorConfig(vocab_size=len(vocab), d_x=4, d_t=2, n_heads=1, n_layers=1)
-                        ).save_pretrained(root / "predictor", vocab=vocab)
-        yield {"captioner": str(make_tiny_blip(root / "blip")), "renderer": str(make_tiny_sd(root / "sd")),
-               "predictor": str(root / "predictor"), "clip": write_test_clip(root / "clip.mp4", seconds=3.0, fps=10)}
+        FourTensorModel(FourTensorConfig(vocab_size=len(vocab), d_x=4, d_t=2, n_heads=1, n_layers=1)).save_pretrained(
+            root / "predictor", vocab=vocab
+        )
+        yield {
+            "captioner": str(make_tiny_blip(root / "blip")),
+            "renderer": str(make_tiny_sd(root / "sd")),
+            "predictor": str(root / "predictor"),
+            "clip": write_test_clip(root / "clip.mp4", seconds=3.0, fps=10),
+        }

@@ -100,9 +100,23 @@ def write_timed_clip(path: str | Path, timestamps: list[float], size: tuple[int,
             left = square_left(i, len(timestamps), width)
             frame[SQUARE_TOP : SQUARE_TOP + SQUARE_SIZE, left : left + SQUARE_SIZE] = SQUARE_RGB[::-1]
             cv2.imwrite(f"{tmp}/{i:03d}.png", frame)
-        codec = ["-enc_time_base", "1/10", "-c:v", "mjpeg"] if path.suffix == ".avi" else ["-bf", "0", "-c:v", "libx264", "-pix_fmt", "yuv420p"]
-        run_ffmpeg("-framerate", "25", "-i", f"{tmp}/%03d.png", "-vf", f"setpts=({expression})/TB",
-                   "-fps_mode", "passthrough", *codec, str(path))
+        codec = (
+            ["-enc_time_base", "1/10", "-c:v", "mjpeg"]
+            if path.suffix == ".avi"
+            else ["-bf", "0", "-c:v", "libx264", "-pix_fmt", "yuv420p"]
+        )
+        run_ffmpeg(
+            "-framerate",
+            "25",
+            "-i",
+            f"{tmp}/%03d.png",
+            "-vf",
+            f"setpts=({expression})/TB",
+            "-fps_mode",
+            "passthrough",
+            *codec,
+            str(path),
+        )
     return path
 
 
@@ -120,8 +134,14 @@ def run_ffmpeg(*args: str) -> None:
 def make_tiny_vit_gpt2(folder: str | Path) -> Path:
     """Save a random tiny ViT + GPT-2 ``VisionEncoderDecoderModel`` (32x32 input) with its
     ``ViTImageProcessor`` and a byte-level BPE ``GPT2Tokenizer``."""
-    from transformers import GPT2Config, GPT2Tokenizer, ViTConfig, ViTImageProcessor
-    from transformers import VisionEncoderDecoderConfig, VisionEncoderDecoderModel
+    from transformers import (
+        GPT2Config,
+        GPT2Tokenizer,
+        VisionEncoderDecoderConfig,
+        VisionEncoderDecoderModel,
+        ViTConfig,
+        ViTImageProcessor,
+    )
 
     folder = Path(folder)
     vocab, merges = _byte_level_vocab()
@@ -129,10 +149,25 @@ def make_tiny_vit_gpt2(folder: str | Path) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = GPT2Tokenizer(*_write_bpe_files(Path(tmp), vocab, merges))
     end = tokenizer.eos_token_id
-    encoder = ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-                        image_size=32, patch_size=8, initializer_range=_INIT_RANGE)
-    decoder = GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_positions=64,
-                         bos_token_id=end, eos_token_id=end, initializer_range=_INIT_RANGE)
+    encoder = ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        image_size=32,
+        patch_size=8,
+        initializer_range=_INIT_RANGE,
+    )
+    decoder = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_positions=64,
+        bos_token_id=end,
+        eos_token_id=end,
+        initializer_range=_INIT_RANGE,
+    )
     config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
     config.decoder_start_token_id = config.pad_token_id = config.eos_token_id = end
     torch.manual_seed(0)
@@ -202,8 +237,16 @@ def make_tiny_pixel_pipeline(folder: str | Path, ship_code: bool = True) -> Path
     folder = Path(folder)
     torch.manual_seed(0)
     unet = UNet2DModel(
-        sample_size=16, in_channels=3, out_channels=3, layers_per_block=1, block_out_channels=(8, 16),
-        down_block_types=("DownBlock2D",) * 2, up_block_types=("UpBlock2D",) * 2, norm_num_groups=4, num_class_embeds=8)
+        sample_size=16,
+        in_channels=3,
+        out_channels=3,
+        layers_per_block=1,
+        block_out_channels=(8, 16),
+        down_block_types=("DownBlock2D",) * 2,
+        up_block_types=("UpBlock2D",) * 2,
+        norm_num_groups=4,
+        num_class_embeds=8,
+    )
     tiny_pixel_pipeline_class()(unet=unet, scheduler=DDPMScheduler(num_train_timesteps=100)).save_pretrained(folder)
     if ship_code:
         (folder / "pipeline.py").write_text(PIXEL_PIPELINE_CODE)

@@ -1,10 +1,17 @@
 """The 1-D attention family (Tucker Attention paper): special cases, Table 1 counts, KV-cache decoding, BitLinear."""
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from world_model.attention_family import (AttentionConfig, BitLinear, FamilyAttention, ternary,
-                                          tucker_from_grouped, tucker_from_mla)
+from world_model.models.attention_family import (
+    AttentionConfig,
+    BitLinear,
+    FamilyAttention,
+    ternary,
+    tucker_from_grouped,
+    tucker_from_mla,
+)
 
 D, H, DH = 32, 4, 8  # d_model = n_H d_H, as Table 1 assumes
 
@@ -123,7 +130,7 @@ def test_cached_decoding_equals_full_causal_forward(name):
     y, past = m(x[:, 3:5], past=past)
     ys.append(y)
     for t in range(5, 8):
-        y, past = m(x[:, t:t + 1], past=past)
+        y, past = m(x[:, t : t + 1], past=past)
         ys.append(y)
     torch.testing.assert_close(torch.cat(ys, dim=1), y_full, rtol=1e-10, atol=1e-10)
     for a, b in zip(past, kv_full):

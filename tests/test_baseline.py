@@ -1,14 +1,15 @@
 """The flat autoregressive baseline of section 7: packing, causal stack, the free-running objective and
 its two reductions, the KV cache, generation, parameter counts at the paper settings, checkpoints."""
+
 import json
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from world_model.baseline import BaselineConfig, BaselineModel, aligned_correct, compact
-from world_model.four_tensor import FourTensorConfig, FourTensorModel
-from world_model.vocab import Vocabulary
+from world_model.models.baseline import BaselineConfig, BaselineModel, aligned_correct, compact
+from world_model.models.four_tensor import FourTensorConfig, FourTensorModel
+from world_model.text.vocab import Vocabulary
 
 V = 13  # content vocabulary, padding 0 and unknown 1 included
 BOS, EOS = V, V + 1
@@ -47,10 +48,12 @@ def row_sequence(run, b: int, steps: int) -> list[int]:
 def test_packing_removes_padding_adds_bos_eos_and_no_separators():
     model = make_model()
     assert (model.config.bos_id, model.config.eos_id, model.config.vocab_size) == (BOS, EOS, V + 2)
-    full = torch.tensor([
-        [[4, 0, 5, 0, 0], [0, 0, 0, 0, 0], [6, 7, 8, 9, 10], [11, 0, 0, 0, 0]],
-        [[2, 3, 0, 0, 0], [7, 0, 0, 0, 0], [8, 0, 0, 0, 0], [9, 10, 11, 12, 2]],
-    ])
+    full = torch.tensor(
+        [
+            [[4, 0, 5, 0, 0], [0, 0, 0, 0, 0], [6, 7, 8, 9, 10], [11, 0, 0, 0, 0]],
+            [[2, 3, 0, 0, 0], [7, 0, 0, 0, 0], [8, 0, 0, 0, 0], [9, 10, 11, 12, 2]],
+        ]
+    )
     packed = model.pack(full)
     assert packed.prefix.tolist() == [[BOS, 4, 5, 6, 7, 8, 9, 10], [BOS, 2, 3, 7, 8, 0, 0, 0]]
     assert packed.prefix_len.tolist() == [8, 5]
@@ -273,7 +276,9 @@ def test_rollout_slides_the_window_and_packs_it_again():
         assert torch.equal(out[:, step], state)
         current = torch.cat([current[:, 1:], state[:, None]], dim=1)
     short = model.rollout(window[:, :1], steps=2)  # a window shorter than T grows first
-    assert torch.equal(short[:, 1], model.generate(torch.cat([window[:, :1], short[:, :1]], dim=1), banned_ids=[0, BOS]))
+    assert torch.equal(
+        short[:, 1], model.generate(torch.cat([window[:, :1], short[:, :1]], dim=1), banned_ids=[0, BOS])
+    )
 
 
 # ----- parameter counts at the paper settings (section 8.2, meta device: nothing allocated) -----
@@ -283,8 +288,9 @@ def count_on_meta(model_class, config):
     return sum(p.numel() for p in model.parameters())
 
 
-@pytest.mark.parametrize("H, L, exact, reported", [(2, 2, 175_892_480, 175.9), (4, 2, 175_892_480, 175.9),
-                                                   (4, 3, 226_242_560, 226.2)])
+@pytest.mark.parametrize(
+    "H, L, exact, reported", [(2, 2, 175_892_480, 175.9), (4, 2, 175_892_480, 175.9), (4, 3, 226_242_560, 226.2)]
+)
 def test_baseline_parameter_count_matches_the_paper(H, L, exact, reported):
     config = BaselineConfig(content_vocab_size=36711, d_x=64, d_t=32, n_heads=H, n_layers=L)
     assert config.vocab_size == 36713 and config.d == 2048 and config.d_ff == 8192
@@ -297,8 +303,9 @@ def test_baseline_parameter_count_matches_the_paper(H, L, exact, reported):
     assert learned - n == config.max_len * d == 82 * 2048  # why the paper's totals exclude a learned table
 
 
-@pytest.mark.parametrize("H, L, exact, reported", [(2, 2, 122_180_480, 122.2), (4, 2, 172_512_128, 172.5),
-                                                   (4, 3, 256_416_640, 256.4)])
+@pytest.mark.parametrize(
+    "H, L, exact, reported", [(2, 2, 122_180_480, 122.2), (4, 2, 172_512_128, 172.5), (4, 3, 256_416_640, 256.4)]
+)
 def test_four_tensor_parameter_count_matches_the_paper(H, L, exact, reported):
     n = count_on_meta(FourTensorModel, FourTensorConfig(vocab_size=36711, d_x=64, d_t=32, n_heads=H, n_layers=L))
     assert n == exact
@@ -369,7 +376,7 @@ def test_forward_generate_and_rollout_reject_bad_inputs():
         model.rollout(torch.zeros(1, T, N, dtype=torch.long), steps=0)
 
 
-# ----- closed-set readout (world_model.decoding) -----
+# ----- closed-set readout (world_model.models.decoding) -----
 CANDIDATES = torch.tensor([[4, 5, 0, 0, 0], [6, 7, 8, 9, 10], [3, 0, 0, 0, 0], [12, 2, 11, 0, 0]])
 
 
@@ -398,8 +405,12 @@ def test_score_sentences_equals_a_teacher_forced_loop_ending_in_eos():
                 torch.testing.assert_close(scores[b, c], ref, rtol=1e-10, atol=1e-10)
     # Chunking does not change the scores; padding inside a row is removed as training packing removes it.
     window = full[:, :T]
-    torch.testing.assert_close(model.score_sentences(window, CANDIDATES, chunk_rows=1),
-                               model.score_sentences(window, CANDIDATES), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        model.score_sentences(window, CANDIDATES, chunk_rows=1),
+        model.score_sentences(window, CANDIDATES),
+        rtol=1e-12,
+        atol=1e-12,
+    )
     gappy = torch.tensor([[4, 0, 5, 0, 0], [4, 5, 0, 0, 0]])
     gap_scores = model.score_sentences(window, gappy)
     torch.testing.assert_close(gap_scores[:, 0], gap_scores[:, 1], rtol=1e-12, atol=1e-12)
@@ -424,8 +435,11 @@ def score_sentences_full_sequences(model, token_ids, candidates, chunk_rows=None
     for start in range(0, B * C, chunk_rows):
         flat = torch.arange(start, min(start + chunk_rows, B * C))  # (R,) row b * C + c
         b, k = flat // C, flat % C
-        seq, _ = compact(torch.cat([prefix[b], gold[k]], dim=1),  # (R, <=L) prefix + span, no gap
-                         torch.cat([prefix_live[b], gold_live[k]], dim=1), c.padding_idx)
+        seq, _ = compact(
+            torch.cat([prefix[b], gold[k]], dim=1),  # (R, <=L) prefix + span, no gap
+            torch.cat([prefix_live[b], gold_live[k]], dim=1),
+            c.padding_idx,
+        )
         H = model.encode(seq)  # (R, L', d)
         pos = (prefix_len[b][:, None] - 1 + steps).clamp(max=seq.shape[1] - 1)  # (R, G) predicts gold k
         h = H.gather(1, pos[..., None].expand(-1, -1, H.shape[-1]))  # (R, G, d)
@@ -447,8 +461,15 @@ def ragged_candidates(C, seed) -> torch.Tensor:
     return cand
 
 
-@pytest.mark.parametrize("attention", [dict(), dict(attention="gqa", n_kv_heads=1),
-                                       dict(attention="mla", mla_kv_rank=3), dict(attention="tucker", tucker_ranks=(2, 3, 3))])
+@pytest.mark.parametrize(
+    "attention",
+    [
+        dict(),
+        dict(attention="gqa", n_kv_heads=1),
+        dict(attention="mla", mla_kv_rank=3),
+        dict(attention="tucker", tucker_ranks=(2, 3, 3)),
+    ],
+)
 def test_score_sentences_with_the_prefix_cache_equals_the_full_sequence_reference(attention):
     """Prefilling each window once and running only the candidates' tokens after it gives the scores of
     running every [BOS] + window + candidate + [EOS] sequence in full, for full and short windows, ragged
@@ -475,8 +496,12 @@ def test_score_sentences_with_the_prefix_cache_equals_the_full_sequence_referenc
     # float32, as used: the same scores to float tolerance
     model = model.float()
     with torch.no_grad():
-        torch.testing.assert_close(model.score_sentences(window, cand),
-                                   score_sentences_full_sequences(model, window, cand), rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(
+            model.score_sentences(window, cand),
+            score_sentences_full_sequences(model, window, cand),
+            rtol=1e-5,
+            atol=1e-4,
+        )
 
 
 @pytest.mark.parametrize("attention", [dict(), dict(attention="mla", mla_kv_rank=3, mla_shared_kv=True)])

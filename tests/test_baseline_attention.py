@@ -1,16 +1,17 @@
 """The flat baseline with its attention chosen from the Tucker Attention family (issue 7): every kind trains,
 keeps cached == uncached free running, counts its attention parameters and KV cache by the family's
 formulas, round-trips through a checkpoint; the default stays the original model."""
+
 import json
 
 import pytest
 import torch
 
-from world_model.attention_family import BitLinear, FamilyAttention
-from world_model.baseline import BaselineConfig, BaselineModel, CausalSelfAttention
-from world_model.checkpoint import CheckpointError
 from tests.test_baseline import assert_cached_run_equals_uncached
 from tests.test_baseline import make_model as make_baseline
+from world_model.models.attention_family import BitLinear, FamilyAttention
+from world_model.models.baseline import BaselineConfig, BaselineModel, CausalSelfAttention
+from world_model.models.checkpoint import CheckpointError
 
 V, N, T = 13, 5, 3
 D, H, DH, LAYERS = 12, 3, 4, 2  # d = d_x d_t = 4 * 3, three heads of width 4
@@ -71,9 +72,21 @@ def test_default_config_is_the_original_model():
     for k, v in default.state_dict().items():  # same seed, same init, bit for bit
         assert torch.equal(v, explicit.state_dict()[k]), k
     # an old config.json has none of the new keys and still describes the same model
-    old = {k: v for k, v in default.config.to_dict().items()
-           if k not in ("attention", "n_kv_heads", "mla_kv_rank", "mla_q_rank", "mla_shared_kv",
-                        "tucker_ranks", "tucker_ranks_out", "bitlinear")}
+    old = {
+        k: v
+        for k, v in default.config.to_dict().items()
+        if k
+        not in (
+            "attention",
+            "n_kv_heads",
+            "mla_kv_rank",
+            "mla_q_rank",
+            "mla_shared_kv",
+            "tucker_ranks",
+            "tucker_ranks_out",
+            "bitlinear",
+        )
+    }
     assert BaselineConfig.from_dict(old) == default.config
     # ... and any other choice does swap the layer (and its parameter names)
     tucker = make_model(KINDS["tucker"])
@@ -84,10 +97,12 @@ def test_default_config_is_the_original_model():
 def test_default_parameter_count_at_the_paper_settings_is_unchanged():
     with torch.device("meta"):
         default = BaselineModel(BaselineConfig(content_vocab_size=36711, d_x=64, d_t=32, n_heads=2, n_layers=2))
-        explicit = BaselineModel(BaselineConfig(content_vocab_size=36711, d_x=64, d_t=32, n_heads=2, n_layers=2,
-                                                attention="mha"))
-        bit = BaselineModel(BaselineConfig(content_vocab_size=36711, d_x=64, d_t=32, n_heads=2, n_layers=2,
-                                           bitlinear=True))
+        explicit = BaselineModel(
+            BaselineConfig(content_vocab_size=36711, d_x=64, d_t=32, n_heads=2, n_layers=2, attention="mha")
+        )
+        bit = BaselineModel(
+            BaselineConfig(content_vocab_size=36711, d_x=64, d_t=32, n_heads=2, n_layers=2, bitlinear=True)
+        )
     counts = [sum(p.numel() for p in m.parameters()) for m in (default, explicit, bit)]
     assert counts == [175_892_480] * 3  # BitLinear mha: separate W_Q, W_K, W_V, same count
     assert default.attention_parameter_count() == 2 * 4 * 2048**2
@@ -172,7 +187,9 @@ def test_tucker_checkpoint_round_trip(tmp_path):
     full = make_full(seed=12)
     model.save_pretrained(tmp_path / "ckpt")
     saved = json.loads((tmp_path / "ckpt" / "config.json").read_text())
-    assert saved["attention"] == "tucker" and saved["tucker_ranks"] == [2, 3, 5] and saved["tucker_ranks_out"] == [3, 4, 2]
+    assert (
+        saved["attention"] == "tucker" and saved["tucker_ranks"] == [2, 3, 5] and saved["tucker_ranks_out"] == [3, 4, 2]
+    )
     loaded = BaselineModel.from_pretrained(tmp_path / "ckpt")
     assert loaded.config == model.config and loaded.config.tucker_ranks == (2, 3, 5)
     for k, v in model.state_dict().items():
@@ -192,22 +209,25 @@ def test_config_dict_round_trip_through_json(name):
     assert BaselineConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(attention="linear"), "attention must be one of"),
-    (dict(n_kv_heads=1), "n_kv_heads applies only to attention='gqa'"),
-    (dict(attention="tucker", tucker_ranks=(2, 3, 3), n_kv_heads=1), "n_kv_heads applies only"),
-    (dict(attention="gqa"), "gqa needs n_kv_heads"),
-    (dict(attention="gqa", n_kv_heads=2), "dividing n_heads 3"),
-    (dict(attention="mla"), "mla needs mla_kv_rank"),
-    (dict(attention="mla", mla_kv_rank=3, mla_q_rank=0), "mla_q_rank"),
-    (dict(attention="gqa", n_kv_heads=1, mla_shared_kv=True), "mla_shared_kv applies only to attention='mla'"),
-    (dict(attention="tucker"), "tucker needs tucker_ranks"),
-    (dict(attention="tucker", tucker_ranks=(2, 3)), "three positive ints"),
-    (dict(attention="tucker", tucker_ranks=(2, 0, 3)), "three positive ints"),
-    (dict(attention="tucker", tucker_ranks=3), "three positive ints"),
-    (dict(attention="mha", tucker_ranks=(2, 3, 3)), "tucker_ranks applies only"),
-    (dict(attention="mla", mla_kv_rank=3, tucker_ranks_out=(2, 3, 3)), "tucker_ranks_out applies only"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(attention="linear"), "attention must be one of"),
+        (dict(n_kv_heads=1), "n_kv_heads applies only to attention='gqa'"),
+        (dict(attention="tucker", tucker_ranks=(2, 3, 3), n_kv_heads=1), "n_kv_heads applies only"),
+        (dict(attention="gqa"), "gqa needs n_kv_heads"),
+        (dict(attention="gqa", n_kv_heads=2), "dividing n_heads 3"),
+        (dict(attention="mla"), "mla needs mla_kv_rank"),
+        (dict(attention="mla", mla_kv_rank=3, mla_q_rank=0), "mla_q_rank"),
+        (dict(attention="gqa", n_kv_heads=1, mla_shared_kv=True), "mla_shared_kv applies only to attention='mla'"),
+        (dict(attention="tucker"), "tucker needs tucker_ranks"),
+        (dict(attention="tucker", tucker_ranks=(2, 3)), "three positive ints"),
+        (dict(attention="tucker", tucker_ranks=(2, 0, 3)), "three positive ints"),
+        (dict(attention="tucker", tucker_ranks=3), "three positive ints"),
+        (dict(attention="mha", tucker_ranks=(2, 3, 3)), "tucker_ranks applies only"),
+        (dict(attention="mla", mla_kv_rank=3, tucker_ranks_out=(2, 3, 3)), "tucker_ranks_out applies only"),
+    ],
+)
 def test_invalid_attention_configs_are_rejected(bad, message):
     with pytest.raises(ValueError, match=message):
         BaselineConfig(content_vocab_size=V, d_x=4, d_t=3, n_heads=H, **bad)

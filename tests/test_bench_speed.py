@@ -1,21 +1,48 @@
 """The speed benchmark runs end to end on a tiny vocabulary and reports both precisions (no timing is asserted)."""
+
 import json
 
-from world_model import bench_speed
+from world_model.benchmark import speed as bench_speed
 
 
 def test_bench_speed_reports_both_precisions_and_the_flop_rate(tmp_path, capsys):
     out = tmp_path / "speed.json"
     config = tmp_path / "tiny.yaml"
     config.write_text("model: {d_x: 4, d_t: 2, n_heads: 1, n_layers: 1}\n")
-    assert bench_speed.main(["--config", str(config), "--vocab-size", "60", "--steps", "1", "--rounds", "1", "--batch-size", "2",
-                             "--peak-size", "32", "--rollout-repeats", "2", "--json", str(out)]) == 0
+    assert (
+        bench_speed.main(
+            [
+                "--config",
+                str(config),
+                "--vocab-size",
+                "60",
+                "--steps",
+                "1",
+                "--rounds",
+                "1",
+                "--batch-size",
+                "2",
+                "--peak-size",
+                "32",
+                "--rollout-repeats",
+                "2",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     figures = json.loads(out.read_text())
     for p in ("fp32", "bf16"):
-        assert figures[f"train_windows_per_second_{p}"] > 0 and len(figures[f"train_windows_per_second_{p}_rounds"]) == 1
+        assert (
+            figures[f"train_windows_per_second_{p}"] > 0 and len(figures[f"train_windows_per_second_{p}_rounds"]) == 1
+        )
         best_peak = max(figures["matmul_peak_gflops_fp32"], figures["matmul_peak_gflops_bf16"])
         # achieved GFLOP/s is rounded to 0.05 and the fraction to 0.0005: they agree within those roundings
-        assert abs(figures[f"fraction_of_machine_peak_{p}"] - figures[f"achieved_gflops_{p}"] / best_peak) <= 0.05 / best_peak + 6e-4
+        assert (
+            abs(figures[f"fraction_of_machine_peak_{p}"] - figures[f"achieved_gflops_{p}"] / best_peak)
+            <= 0.05 / best_peak + 6e-4
+        )
         assert figures[f"rollout_step_ms_batch1_{p}"] > 0
     assert figures["gflop_per_window"] > 0 and figures["cpu"]
     assert "train_windows_per_second_bf16" in capsys.readouterr().out

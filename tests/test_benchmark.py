@@ -1,4 +1,4 @@
-"""The Table 5 benchmark (world_model/benchmark.py) on a tiny ROCStories fixture with a tiny preset."""
+"""The Table 5 benchmark (world_model/benchmark/table5.py) on a tiny ROCStories fixture with a tiny preset."""
 
 import json
 import shutil
@@ -11,15 +11,15 @@ import torch
 import yaml
 
 from tests.test_train import TRAIN_NAME, make_data
-from world_model import attention_benchmark as attn
-from world_model import benchmark as bench
-from world_model import train as train_mod
-from world_model.config_io import ConfigError
-from world_model import story_cloze as sc
-from world_model.floors import FLOORS, floor_report
-from world_model.models import build_model, count_parameters, load_model
-from world_model.rocstories import build_vocabulary, encode_windows, load_cloze_halves, load_corpus
-from world_model.vocab import Vocabulary
+from world_model.benchmark import attention as attn
+from world_model.benchmark import table5 as bench
+from world_model.data.rocstories import build_vocabulary, encode_windows, load_cloze_halves, load_corpus
+from world_model.evaluation import story_cloze as sc
+from world_model.evaluation.floors import FLOORS, floor_report
+from world_model.models.registry import build_model, count_parameters, load_model
+from world_model.text.vocab import Vocabulary
+from world_model.training import train as train_mod
+from world_model.training.config import ConfigError
 
 TINY_PRESET = {
     "pairs": {"h1_l1": {"n_heads": 1, "n_layers": 1}, "h2_l1": {"n_heads": 2, "n_layers": 1}},
@@ -34,16 +34,37 @@ TINY_ATTENTION_PRESET = {
     "training": {"batch_size": 8, "eval_batch_size": 4, "max_epochs": 1, "seed": 1},
     "budget": {"train_subset": 24, "max_minutes": None},
     "variants": {
-        "tucker_2_1": {"type": "four_tensor", "pair": "h2_l1", "model": {"qkv_form": "tucker", "tucker_ranks": [2, 1, 2, 1]}},
-        "tucker_1_shared": {"type": "four_tensor", "pair": "h2_l1",
-                            "model": {"qkv_form": "tucker", "tucker_ranks": [1, 1, 1, 1], "tucker_shared_factors": True}},
+        "tucker_2_1": {
+            "type": "four_tensor",
+            "pair": "h2_l1",
+            "model": {"qkv_form": "tucker", "tucker_ranks": [2, 1, 2, 1]},
+        },
+        "tucker_1_shared": {
+            "type": "four_tensor",
+            "pair": "h2_l1",
+            "model": {"qkv_form": "tucker", "tucker_ranks": [1, 1, 1, 1], "tucker_shared_factors": True},
+        },
         "gqa_kv1": {"type": "baseline", "pair": "h2_l1", "model": {"attention": "gqa", "n_kv_heads": 1}},
-        "mla_dc2": {"type": "baseline", "pair": "h2_l1", "model": {"attention": "mla", "mla_kv_rank": 2, "mla_q_rank": 2}},
-        "tucker_2_3_3": {"type": "baseline", "pair": "h2_l1", "model": {"attention": "tucker", "tucker_ranks": [2, 3, 3]}},
+        "mla_dc2": {
+            "type": "baseline",
+            "pair": "h2_l1",
+            "model": {"attention": "mla", "mla_kv_rank": 2, "mla_q_rank": 2},
+        },
+        "tucker_2_3_3": {
+            "type": "baseline",
+            "pair": "h2_l1",
+            "model": {"attention": "tucker", "tucker_ranks": [2, 3, 3]},
+        },
     },
 }
-PAPER_TOTALS_M = {("h2_l2", "four_tensor"): 122.2, ("h4_l2", "four_tensor"): 172.5, ("h4_l3", "four_tensor"): 256.4,
-                  ("h2_l2", "baseline"): 175.9, ("h4_l2", "baseline"): 175.9, ("h4_l3", "baseline"): 226.2}
+PAPER_TOTALS_M = {
+    ("h2_l2", "four_tensor"): 122.2,
+    ("h4_l2", "four_tensor"): 172.5,
+    ("h4_l3", "four_tensor"): 256.4,
+    ("h2_l2", "baseline"): 175.9,
+    ("h4_l2", "baseline"): 175.9,
+    ("h4_l3", "baseline"): 226.2,
+}
 
 
 def write_preset(path: Path, preset: dict = TINY_PRESET) -> Path:
@@ -84,12 +105,20 @@ def no_training(monkeypatch):
 def test_writes_one_row_per_pair_and_model_and_the_reports(finished, preset):
     out, results = finished
     assert [(r["pair"], r["model_type"]) for r in results["runs"]] == [
-        ("h1_l1", "four_tensor"), ("h1_l1", "baseline"), ("h2_l1", "four_tensor"), ("h2_l1", "baseline")]
+        ("h1_l1", "four_tensor"),
+        ("h1_l1", "baseline"),
+        ("h2_l1", "four_tensor"),
+        ("h2_l1", "baseline"),
+    ]
     assert results["complete"] and [p["pair"] for p in results["pairs"]] == ["h1_l1", "h2_l1"]
     for r in results["runs"]:
         s = summary(out, bench.run_name(r["pair"], r["model_type"]))
         assert (r["parameters"], r["best_epoch"], r["last_epoch"], r["stop_reason"]) == (
-            s["parameters"], s["best_epoch"], s["last_epoch"], s["stop_reason"])
+            s["parameters"],
+            s["best_epoch"],
+            s["last_epoch"],
+            s["stop_reason"],
+        )
         assert r["val_last_ce"] == s["best_metrics"]["val_last_ce"]
         assert r["val_token_accuracy"] == s["best_metrics"]["val_token_accuracy"]
         assert s["config"]["model"]["type"] == r["model_type"]
@@ -121,7 +150,9 @@ def test_floors_and_story_cloze_are_in_the_reports(finished, data_dir):
     assert floors["train_windows"] == 24 and floors["selection"]["heldout_windows"] == 3  # the runs' windows, last 10%
     corpus = load_corpus(data_dir)
     vocab = build_vocabulary(corpus)
-    _, report = floor_report(encode_windows(corpus.train[:24], vocab), encode_windows(corpus.validation, vocab), len(vocab))
+    _, report = floor_report(
+        encode_windows(corpus.train[:24], vocab), encode_windows(corpus.validation, vocab), len(vocab)
+    )
     for f in floors["rows"]:
         assert f["val_last_ce"] == pytest.approx(report[f["floor"]]["val_last_ce"], rel=1e-12)
         assert list(f["story_cloze"]) == ["val", "test"] and f["story_cloze"]["val"]["stories"] == 5
@@ -155,7 +186,10 @@ def test_the_two_runs_of_a_pair_are_matched(finished):
         base = json.loads((out / "runs" / f"{p['pair']}_baseline" / "run.json").read_text())
         assert four["config"]["training"] == base["config"]["training"]
         assert four["train_subset"] == base["train_subset"] == 24
-        assert (four["train_windows"], four["validation_windows"]) == (base["train_windows"], base["validation_windows"])
+        assert (four["train_windows"], four["validation_windows"]) == (
+            base["train_windows"],
+            base["validation_windows"],
+        )
         for key in bench.SHARED_MODEL_KEYS:
             assert four["config"]["model"][key] == base["config"]["model"][key]
     # a mismatch is reported, not hidden
@@ -192,21 +226,30 @@ def test_paper_parameter_totals_on_the_meta_device(monkeypatch):
 def test_results_carry_the_paper_check(finished):
     out, results = finished
     check = {(c["pair"], c["model_type"]): c for c in results["paper_parameter_check"]}
-    assert {k: c["parameters_m"] for k, c in check.items()} == PAPER_TOTALS_M and all(c["match"] for c in check.values())
+    assert {k: c["parameters_m"] for k, c in check.items()} == PAPER_TOTALS_M and all(
+        c["match"] for c in check.values()
+    )
     assert "| h4_l2 | 4-tensor | 172,512,128 | 172.5M | 172.5M | yes |" in (out / "results.md").read_text()
 
 
 def test_presets_share_the_paper_matching_rule():
     paper, cpu = bench.load_preset("paper"), bench.load_preset("cpu")
     for p in (paper, cpu):
-        assert p["pairs"] == {"h2_l2": {"n_heads": 2, "n_layers": 2}, "h4_l2": {"n_heads": 4, "n_layers": 2},
-                              "h4_l3": {"n_heads": 4, "n_layers": 3}}
+        assert p["pairs"] == {
+            "h2_l2": {"n_heads": 2, "n_layers": 2},
+            "h4_l2": {"n_heads": 4, "n_layers": 2},
+            "h4_l3": {"n_heads": 4, "n_layers": 3},
+        }
         for pair in p["pairs"]:
             four, base = (bench.run_config(p, pair, t) for t in bench.MODELS)
             assert four["training"] == base["training"]
             assert all(four["model"][k] == base["model"][k] for k in bench.SHARED_MODEL_KEYS)
-            assert (four["training"]["weight_decay"], four["training"]["patience"], four["training"]["tolerance"],
-                    four["model"]["dropout"]) == (0.01, 5, 1.01, 0.1)
+            assert (
+                four["training"]["weight_decay"],
+                four["training"]["patience"],
+                four["training"]["tolerance"],
+                four["model"]["dropout"],
+            ) == (0.01, 5, 1.01, 0.1)
     # the paper preset keeps section 8.2 exactly; the cpu preset documents its optimiser deviations
     assert (paper["training"]["lr"], paper["training"].get("lr_schedule", "constant")) == (3e-4, "constant")
     assert (paper["model"]["d_x"], paper["model"]["d_t"], paper["training"]["max_epochs"]) == (64, 32, 100)
@@ -220,7 +263,9 @@ def test_presets_share_the_paper_matching_rule():
 
 
 # ----- bad input: an error before any training -----
-def test_unknown_preset_or_pair_and_bad_data_are_errors_before_training(data_dir, preset, tmp_path, monkeypatch, capsys):
+def test_unknown_preset_or_pair_and_bad_data_are_errors_before_training(
+    data_dir, preset, tmp_path, monkeypatch, capsys
+):
     no_training(monkeypatch)
     only_train = tmp_path / "only_train"
     only_train.mkdir()
@@ -245,21 +290,32 @@ def test_unknown_preset_or_pair_and_bad_data_are_errors_before_training(data_dir
 def test_a_budget_below_one_epoch_is_an_error_before_training(data_dir, preset, tmp_path, monkeypatch, capsys):
     no_training(monkeypatch)
     out = tmp_path / "out"
-    assert bench.main(["--preset", str(preset), "--data", str(data_dir), "--out", str(out), "--max-minutes", "0.0001"]) == 1
+    assert (
+        bench.main(["--preset", str(preset), "--data", str(data_dir), "--out", str(out), "--max-minutes", "0.0001"])
+        == 1
+    )
     err = capsys.readouterr().err
     assert "--max-minutes 0.0001 is too small" in err and "h1_l1_four_tensor" in err and "h2_l1_baseline" in err
     assert not out.exists()
 
 
-def test_the_budget_is_split_across_the_runs_left_and_leaves_room_for_one_epoch(data_dir, preset, tmp_path, monkeypatch):
+def test_the_budget_is_split_across_the_runs_left_and_leaves_room_for_one_epoch(
+    data_dir, preset, tmp_path, monkeypatch
+):
     """Four runs, 4 minutes, 10 s estimated per epoch: the first run's share is ~60 s and it is handed 50 s; a run
     that ends at once leaves its time to the later ones (shares ~80, ~120, ~240 s)."""
     calls = []
     monkeypatch.setattr(bench, "estimate_epoch_seconds", lambda config, *a, **k: 10.0)
-    monkeypatch.setattr(train_mod, "train", lambda config, data, out, **kw: calls.append(kw["max_minutes"] * 60) or Path(out).mkdir(parents=True))
+    monkeypatch.setattr(
+        train_mod,
+        "train",
+        lambda config, data, out, **kw: calls.append(kw["max_minutes"] * 60) or Path(out).mkdir(parents=True),
+    )
     monkeypatch.setattr(bench, "write_reports", lambda results, out: None)
     clock = iter(range(1000, 10**6))  # the benchmark's clock: one second per reading, whatever the machine's load
-    monkeypatch.setattr(bench, "time", types.SimpleNamespace(monotonic=lambda: float(next(clock)), perf_counter=time.perf_counter))
+    monkeypatch.setattr(
+        bench, "time", types.SimpleNamespace(monotonic=lambda: float(next(clock)), perf_counter=time.perf_counter)
+    )
     results = bench.run_benchmark(preset, data_dir, tmp_path / "out", max_minutes=4.0, progress=False)
     # each reading of the clock is one second of set-up or bookkeeping, which counts against the budget: every share
     # is a few seconds under the ideal one (60, 80, 120, 240 s less the estimated epoch), never above it
@@ -336,18 +392,27 @@ def test_resume_refuses_a_different_run_before_training(finished, data_dir, pres
 TINY_SHAPE = {"d_x": 4, "d_t": 2, "n_heads": 2, "n_layers": 2}  # d = 8, d_H = 4
 
 
-@pytest.mark.parametrize("extra, by_hand", [
-    ({"type": "four_tensor"}, 2 * 3 * 2 * 8 * 8),  # 3 maps x H heads x d^2 per layer, no output map
-    # per map and head: core 2*1*3*2 + factors 4*2 + 2*1 + 4*3 + 2*2
-    ({"type": "four_tensor", "qkv_form": "tucker", "tucker_ranks": [2, 1, 3, 2]}, 2 * 6 * (12 + 26)),
-    ({"type": "four_tensor", "qkv_form": "tucker", "tucker_ranks": [2, 1, 3, 2], "tucker_shared_factors": True}, 2 * (6 * 12 + 26)),
-    ({"type": "baseline"}, 2 * 4 * 8 * 8),  # W_Q, W_K, W_V, W_O
-    ({"type": "baseline", "attention": "gqa", "n_kv_heads": 1}, 2 * (2 * 8 * 8 + 2 * 1 * 4 * 8)),
-    # W_DQ 8x2, W_UQ 2x8, W_DK, W_DV 8x2, W_UK, W_UV 2x8, W_O 8x8
-    ({"type": "baseline", "attention": "mla", "mla_kv_rank": 2, "mla_q_rank": 2}, 2 * (16 + 16 + 32 + 32 + 64)),
-    # W and W~: n_H r_1 + d r_2 + d r_3 + r_1 r_2 r_3
-    ({"type": "baseline", "attention": "tucker", "tucker_ranks": [2, 3, 3]}, 2 * 2 * (2 * 2 + 8 * 3 + 8 * 3 + 2 * 3 * 3)),
-])
+@pytest.mark.parametrize(
+    "extra, by_hand",
+    [
+        ({"type": "four_tensor"}, 2 * 3 * 2 * 8 * 8),  # 3 maps x H heads x d^2 per layer, no output map
+        # per map and head: core 2*1*3*2 + factors 4*2 + 2*1 + 4*3 + 2*2
+        ({"type": "four_tensor", "qkv_form": "tucker", "tucker_ranks": [2, 1, 3, 2]}, 2 * 6 * (12 + 26)),
+        (
+            {"type": "four_tensor", "qkv_form": "tucker", "tucker_ranks": [2, 1, 3, 2], "tucker_shared_factors": True},
+            2 * (6 * 12 + 26),
+        ),
+        ({"type": "baseline"}, 2 * 4 * 8 * 8),  # W_Q, W_K, W_V, W_O
+        ({"type": "baseline", "attention": "gqa", "n_kv_heads": 1}, 2 * (2 * 8 * 8 + 2 * 1 * 4 * 8)),
+        # W_DQ 8x2, W_UQ 2x8, W_DK, W_DV 8x2, W_UK, W_UV 2x8, W_O 8x8
+        ({"type": "baseline", "attention": "mla", "mla_kv_rank": 2, "mla_q_rank": 2}, 2 * (16 + 16 + 32 + 32 + 64)),
+        # W and W~: n_H r_1 + d r_2 + d r_3 + r_1 r_2 r_3
+        (
+            {"type": "baseline", "attention": "tucker", "tucker_ranks": [2, 3, 3]},
+            2 * 2 * (2 * 2 + 8 * 3 + 8 * 3 + 2 * 3 * 3),
+        ),
+    ],
+)
 def test_attention_parameter_count_by_hand(extra, by_hand):
     section = {**TINY_SHAPE, **extra}
     model = build_model(section, 30)
@@ -370,11 +435,22 @@ def test_pareto_front_keeps_the_undominated_points():
 
 def test_target_needs_a_tucker_4_tensor_run_five_times_smaller_within_one_percent():
     def row(variant, model_type, kind, ratio, delta):
-        return {"pair": "p", "variant": variant, "model_type": model_type, "kind": kind, "attention_ratio": ratio, "delta_percent": delta}
+        return {
+            "pair": "p",
+            "variant": variant,
+            "model_type": model_type,
+            "kind": kind,
+            "attention_ratio": ratio,
+            "delta_percent": delta,
+        }
 
-    rows = [row("reference", "four_tensor", "dense", 1.0, 0.0), row("small", "four_tensor", "tucker", 4.9, 0.1),
-            row("base", "baseline", "tucker", 9.0, -2.0), row("a", "four_tensor", "tucker", 6.0, 1.5),
-            row("b", "four_tensor", "tucker", 10.0, 0.8)]
+    rows = [
+        row("reference", "four_tensor", "dense", 1.0, 0.0),
+        row("small", "four_tensor", "tucker", 4.9, 0.1),
+        row("base", "baseline", "tucker", 9.0, -2.0),
+        row("a", "four_tensor", "tucker", 6.0, 1.5),
+        row("b", "four_tensor", "tucker", 10.0, 0.8),
+    ]
     [check] = attn.target_check(rows)
     assert check["candidates"] == ["a", "b"] and check["best"] == "b" and check["met"] is True
     [check] = attn.target_check(rows[:4])
@@ -404,15 +480,19 @@ def test_variants_train_after_the_pair_and_are_matched_with_their_reference(atte
         for key, value in spec[v["variant"]]["model"].items():
             assert s["config"]["model"][key] == value
         assert s["config"]["training"] == ref["config"]["training"] and v["mismatches"] == []
-        assert {k: s["config"]["model"][k] for k in bench.SHARED_MODEL_KEYS} == {k: ref["config"]["model"][k] for k in bench.SHARED_MODEL_KEYS}
+        assert {k: s["config"]["model"][k] for k in bench.SHARED_MODEL_KEYS} == {
+            k: ref["config"]["model"][k] for k in bench.SHARED_MODEL_KEYS
+        }
         assert (s["train_windows"], s["validation_windows"]) == (ref["train_windows"], ref["validation_windows"])
 
 
 def test_attention_rows_count_the_saved_models_and_compare_with_the_reference(attention_finished):
     out, results = attention_finished
     rows = results["attention"]
-    assert [(r["model_type"], r["variant"]) for r in rows] == [("four_tensor", "reference"), ("baseline", "reference")] + [
-        (v["type"], name) for name, v in TINY_ATTENTION_PRESET["variants"].items()]
+    assert [(r["model_type"], r["variant"]) for r in rows] == [
+        ("four_tensor", "reference"),
+        ("baseline", "reference"),
+    ] + [(v["type"], name) for name, v in TINY_ATTENTION_PRESET["variants"].items()]
     refs = {r["model_type"]: r for r in rows if r["variant"] == "reference"}
     for r in rows:
         model = load_model(out / r["run_dir"] / "best")
@@ -422,13 +502,23 @@ def test_attention_rows_count_the_saved_models_and_compare_with_the_reference(at
         assert r["attention_ratio"] == ref["attention_parameters"] / r["attention_parameters"]
         assert r["delta_percent"] == pytest.approx(100 * (r["val_last_ce"] - ref["val_last_ce"]) / ref["val_last_ce"])
     kinds = {r["variant"]: (r["kind"], r["attention"]) for r in rows if r["variant"] != "reference"}
-    assert kinds == {"tucker_2_1": ("tucker", "Tucker (2, 1, 2, 1)"), "tucker_1_shared": ("tucker", "Tucker (1, 1, 1, 1), shared factors"),
-                     "gqa_kv1": ("gqa", "GQA n_KV 1"), "mla_dc2": ("mla", "MLA d_c 2, d_c^Q 2"), "tucker_2_3_3": ("tucker", "Tucker (2, 3, 3)")}
+    assert kinds == {
+        "tucker_2_1": ("tucker", "Tucker (2, 1, 2, 1)"),
+        "tucker_1_shared": ("tucker", "Tucker (1, 1, 1, 1), shared factors"),
+        "gqa_kv1": ("gqa", "GQA n_KV 1"),
+        "mla_dc2": ("mla", "MLA d_c 2, d_c^Q 2"),
+        "tucker_2_3_3": ("tucker", "Tucker (2, 3, 3)"),
+    }
     assert all(r["attention_ratio"] > 1 for r in rows if r["variant"] != "reference")
+
     # the Pareto flags: no flagged run is dominated, every other run is dominated by a flagged one
     def dominates(a, b):
-        return (a["attention_parameters"] <= b["attention_parameters"] and a["val_last_ce"] <= b["val_last_ce"]
-                and (a["attention_parameters"], a["val_last_ce"]) != (b["attention_parameters"], b["val_last_ce"]))
+        return (
+            a["attention_parameters"] <= b["attention_parameters"]
+            and a["val_last_ce"] <= b["val_last_ce"]
+            and (a["attention_parameters"], a["val_last_ce"]) != (b["attention_parameters"], b["val_last_ce"])
+        )
+
     front = [r for r in rows if r["pareto"]]
     assert front and all(not any(dominates(o, r) for o in rows) for r in front)
     assert all(any(dominates(f, r) for f in front) for r in rows if not r["pareto"])
@@ -443,7 +533,10 @@ def test_attention_reports_table_and_figure(attention_finished):
     md = (out / "results.md").read_text()
     assert "## L_S(4) against attention parameters" in md and "ls4_vs_attention_params.png" in md
     for r in results["attention"]:
-        assert f"| h2_l1 | {r['variant']} | {attn.FAMILY_LABELS[r['model_type']]} | {r['attention']} | {r['attention_parameters']:,} | " in md
+        assert (
+            f"| h2_l1 | {r['variant']} | {attn.FAMILY_LABELS[r['model_type']]} | {r['attention']} | {r['attention_parameters']:,} | "
+            in md
+        )
     verdict = "MET" if results["attention_target"][0]["met"] else "NOT met"
     assert f"fewer attention parameters than the dense one within 1% of its L_S(4): {verdict}" in md
     assert (out / "ls4_vs_attention_params.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -452,18 +545,32 @@ def test_attention_reports_table_and_figure(attention_finished):
 def test_a_preset_without_variants_has_no_attention_report(finished):
     out, results = finished
     assert "attention" not in results and "variants" not in results
-    assert not (out / attn.PARETO_FIGURE).exists() and "against attention parameters" not in (out / "results.md").read_text()
+    assert (
+        not (out / attn.PARETO_FIGURE).exists()
+        and "against attention parameters" not in (out / "results.md").read_text()
+    )
     assert all(r["attention_parameters"] > 0 for r in results["runs"])
 
 
-@pytest.mark.parametrize("variant, error, message", [
-    ({"type": "four_tensor", "pair": "h9_l9", "model": {}}, bench.BenchmarkError, "not a pair of the preset"),
-    ({"type": "gpt", "pair": "h2_l1", "model": {}}, bench.BenchmarkError, "is not one of"),
-    ({"type": "baseline", "pair": "h2_l1", "model": {"d_x": 8}}, bench.BenchmarkError, "must not set ['d_x']"),
-    ({"type": "baseline", "pair": "h2_l1", "model": {"tucker_ranks": [2, 3, 3]}}, ConfigError, "applies only to attention='tucker'"),
-    ({"type": "four_tensor", "pair": "h2_l1", "model": {"qkv_form": "tucker", "tucker_ranks": [9, 1, 1, 1]}}, ConfigError, "r_m = 9"),
-    ({"pair": "h2_l1"}, bench.BenchmarkError, "must be {type, pair, model}"),
-])
+@pytest.mark.parametrize(
+    "variant, error, message",
+    [
+        ({"type": "four_tensor", "pair": "h9_l9", "model": {}}, bench.BenchmarkError, "not a pair of the preset"),
+        ({"type": "gpt", "pair": "h2_l1", "model": {}}, bench.BenchmarkError, "is not one of"),
+        ({"type": "baseline", "pair": "h2_l1", "model": {"d_x": 8}}, bench.BenchmarkError, "must not set ['d_x']"),
+        (
+            {"type": "baseline", "pair": "h2_l1", "model": {"tucker_ranks": [2, 3, 3]}},
+            ConfigError,
+            "applies only to attention='tucker'",
+        ),
+        (
+            {"type": "four_tensor", "pair": "h2_l1", "model": {"qkv_form": "tucker", "tucker_ranks": [9, 1, 1, 1]}},
+            ConfigError,
+            "r_m = 9",
+        ),
+        ({"pair": "h2_l1"}, bench.BenchmarkError, "must be {type, pair, model}"),
+    ],
+)
 def test_a_bad_variant_is_an_error_when_the_preset_is_read(tmp_path, variant, error, message):
     preset = json.loads(json.dumps(TINY_ATTENTION_PRESET))
     preset["variants"] = {"bad": variant}
@@ -513,15 +620,22 @@ def test_report_only_reads_light_run_files_and_trains_nothing(finished, data_dir
 
 
 def test_seeds_train_every_row_once_per_seed_and_pair_the_differences(data_dir, tmp_path):
-    preset = write_preset(tmp_path / "seeds.yaml", {**TINY_PRESET, "pairs": {"h1_l1": {"n_heads": 1, "n_layers": 1}},
-                                                    "seeds": [3, 4], "training": {**TINY_PRESET["training"], "max_epochs": 1},
-                                                    "variants": {"causal": {"type": "four_tensor", "pair": "h1_l1",
-                                                                            "model": {"temporal_causal": True}}}})
+    preset = write_preset(
+        tmp_path / "seeds.yaml",
+        {
+            **TINY_PRESET,
+            "pairs": {"h1_l1": {"n_heads": 1, "n_layers": 1}},
+            "seeds": [3, 4],
+            "training": {**TINY_PRESET["training"], "max_epochs": 1},
+            "variants": {"causal": {"type": "four_tensor", "pair": "h1_l1", "model": {"temporal_causal": True}}},
+        },
+    )
     out = tmp_path / "out"
     assert bench.main(["--preset", str(preset), "--data", str(data_dir), "--out", str(out), "--no-progress"]) == 0
     results = json.loads((out / "results.json").read_text())
     assert sorted(p.name for p in (out / "runs").iterdir()) == sorted(
-        f"h1_l1_{m}_s{s}" for m in ("four_tensor", "baseline", "four_tensor_causal") for s in (3, 4))
+        f"h1_l1_{m}_s{s}" for m in ("four_tensor", "baseline", "four_tensor_causal") for s in (3, 4)
+    )
     for name in ("h1_l1_four_tensor_s3", "h1_l1_four_tensor_causal_s4"):
         assert summary(out, name)["config"]["training"]["seed"] == int(name[-1])
     rows = {(r["model_type"], r["variant"]): r for r in results["seed_summary"]}

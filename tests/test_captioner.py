@@ -3,8 +3,9 @@ import pytest
 import torch
 from huggingface_hub import constants as hub_constants
 
-from encoders.captioner import HFCaptioner, ModelLoadError, default_device
+from encoders.captioner import HFCaptioner
 from tests.model_factories import WORDS, make_tiny_blip, make_tiny_vit_gpt2, one_torch_thread
+from world_model.utils.hub import ModelLoadError, default_device
 
 IMAGES = [
     np.zeros((40, 50, 3), np.uint8),

@@ -1,10 +1,11 @@
-"""Command-line flags generated from a settings dataclass (world_model.config_io), as the pack trainers use them."""
+"""Command-line flags generated from a settings dataclass (world_model.training.config), as the pack trainers use them."""
+
 import argparse
 from dataclasses import dataclass
 
 import pytest
 
-from world_model.config_io import add_dataclass_flags, dataclass_from_args
+from world_model.training.config import add_dataclass_flags, dataclass_from_args
 
 
 @dataclass
@@ -29,8 +30,23 @@ def test_defaults_come_back_unchanged():
 
 
 def test_each_kind_of_field_parses_to_its_type():
-    got = parse(["--batch-size", "4", "--lr", "3e-4", "--no-bf16", "--max-steps", "7", "--channels", "8", "16", "24",
-                 "--kind", "v_prediction"])
+    got = parse(
+        [
+            "--batch-size",
+            "4",
+            "--lr",
+            "3e-4",
+            "--no-bf16",
+            "--max-steps",
+            "7",
+            "--channels",
+            "8",
+            "16",
+            "24",
+            "--kind",
+            "v_prediction",
+        ]
+    )
     assert got == Settings(4, 3e-4, False, 7, (8, 16, 24), "v_prediction")
     assert isinstance(got.channels, tuple) and isinstance(got.lr, float)
 

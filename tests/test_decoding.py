@@ -1,15 +1,21 @@
-"""The closed-set readout (world_model.decoding): known sentences scored whole, for the 4-tensor model, and the
+"""The closed-set readout (world_model.models.decoding): known sentences scored whole, for the 4-tensor model, and the
 known-sentences file a predictor folder carries."""
+
 import math
 
 import pytest
 import torch
 
 from tests.test_faithfulness import V, make_model, make_window
-from world_model.checkpoint import CheckpointError
-from world_model.decoding import KNOWN_SENTENCES_NAME, load_known_sentences, slot_log_likelihood, write_known_sentences
-from world_model.models import load_predictor
-from world_model.vocab import Vocabulary
+from world_model.models.checkpoint import CheckpointError
+from world_model.models.decoding import (
+    KNOWN_SENTENCES_NAME,
+    load_known_sentences,
+    slot_log_likelihood,
+    write_known_sentences,
+)
+from world_model.models.registry import load_predictor
+from world_model.text.vocab import Vocabulary
 
 END = 3
 A = [4, 9, END, 0, 0]  # a short sentence
@@ -47,7 +53,9 @@ def test_per_slot_readout_mixes_two_sentences_and_the_closed_set_picks_one_of_th
     chosen = model.decode_state(logits, end_ids=[END], candidates=candidates)[0].tolist()
     # By hand: A scores log .55 + log .45 + log .5 (3 slots), B log .45 + log .55 + log .5 + log .9: A is likelier.
     assert chosen == A
-    logits[0, 3, END] = math.log(1.0)  # B's extra slot now costs nothing: a tie broken by argmax order, still a sentence
+    logits[0, 3, END] = math.log(
+        1.0
+    )  # B's extra slot now costs nothing: a tie broken by argmax order, still a sentence
     assert model.decode_state(logits, candidates=candidates)[0].tolist() in (A, B)
     # B: .7 * .7 * .5 * .9 against A: .3 * .3 * .5.
     assert model.decode_state(two_way_logits(0.3, 0.3), candidates=candidates)[0].tolist() == B
@@ -57,8 +65,9 @@ def test_closed_set_sampling_is_seeded_and_returns_only_candidates():
     model = make_model()
     candidates = torch.tensor([A, B, [10, 11, END, 0, 0]])
     logits = torch.randn(64, 5, V)
-    draw = lambda seed, **kw: model.decode_state(logits, temperature=2.0, candidates=candidates,
-                                                 generator=torch.Generator().manual_seed(seed), **kw)
+    draw = lambda seed, **kw: model.decode_state(
+        logits, temperature=2.0, candidates=candidates, generator=torch.Generator().manual_seed(seed), **kw
+    )
     assert torch.equal(draw(0), draw(0))
     rows = {tuple(r) for r in draw(1).tolist()}
     assert rows <= {tuple(c) for c in candidates.tolist()} and len(rows) > 1
@@ -75,13 +84,16 @@ def test_rollout_with_candidates_predicts_known_sentences_at_every_step():
     assert all(tuple(s) in known for s in out.reshape(-1, 5).tolist())
 
 
-@pytest.mark.parametrize("bad, message", [
-    (torch.tensor([A[:4]]), "must be \\(C, N=5\\)"),
-    (torch.zeros(0, 5, dtype=torch.long), "C >= 1"),
-    (torch.tensor([A, [0, 0, 0, 0, 0]]), "row\\(s\\) \\[1\\] hold only padding"),
-    (torch.tensor([[4, V, END, 0, 0]]), "must lie in"),
-    (torch.tensor([A], dtype=torch.float), "integer token ids"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (torch.tensor([A[:4]]), "must be \\(C, N=5\\)"),
+        (torch.zeros(0, 5, dtype=torch.long), "C >= 1"),
+        (torch.tensor([A, [0, 0, 0, 0, 0]]), "row\\(s\\) \\[1\\] hold only padding"),
+        (torch.tensor([[4, V, END, 0, 0]]), "must lie in"),
+        (torch.tensor([A], dtype=torch.float), "integer token ids"),
+    ],
+)
 def test_bad_candidates_are_refused(bad, message):
     with pytest.raises(ValueError, match=message):
         make_model().decode_state(torch.randn(1, 5, V), candidates=bad)
@@ -90,7 +102,10 @@ def test_bad_candidates_are_refused(bad, message):
 def test_known_sentences_file_round_trip_and_errors(tmp_path):
     vocab = Vocabulary.build(["the ball falls.", "the ball rests on the floor."])
     write_known_sentences(tmp_path, ["the ball falls.", "the  ball falls.", "the ball rests on the floor."])
-    assert (tmp_path / KNOWN_SENTENCES_NAME).read_text().splitlines() == ["the ball falls.", "the ball rests on the floor."]
+    assert (tmp_path / KNOWN_SENTENCES_NAME).read_text().splitlines() == [
+        "the ball falls.",
+        "the ball rests on the floor.",
+    ]
     ids = load_known_sentences(tmp_path, vocab, n_tokens=8)
     assert sorted(vocab.decode(r) for r in ids) == ["the ball falls.", "the ball rests on the floor."]
     assert load_known_sentences(tmp_path / "elsewhere", vocab, 8) is None

@@ -4,6 +4,7 @@ Playwright in Debian's Chromium, with tiny local models (a BLIP captioner, a Sta
 
 Screenshots go to $DEMO_SCREENSHOTS when set, else to a pytest temporary folder.
 """
+
 import io
 import os
 import re
@@ -19,12 +20,18 @@ import torch
 from apps import demo as demo_module
 from apps.demo import EMPTY_MESSAGE, build_demo, handle_run, launch_demo
 from tests.model_factories import make_tiny_blip, make_tiny_sd, write_test_clip
-from world_model.four_tensor import FourTensorConfig, FourTensorModel
-from world_model.vocab import Vocabulary
+from world_model.models.four_tensor import FourTensorConfig, FourTensorModel
+from world_model.text.vocab import Vocabulary
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 WORDS = ["a red square moves to the right .", "the square stops at the wall .", "a ball falls down ."]
 RUN_TIMEOUT_MS = 60_000
 
@@ -47,6 +54,7 @@ def not_a_video(tmp_path):
 @pytest.fixture
 def no_rollout(monkeypatch):
     """Fail the test if a request that should be refused reaches the models."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("run_rollout was called")
 
@@ -68,8 +76,11 @@ def test_oversize_file_is_refused_before_any_work(clip, no_rollout, monkeypatch)
     monkeypatch.setattr(demo_module, "MAX_FILE_MB", 0.001)  # 1 KiB; the test clip is larger
     with pytest.raises(gr.Error) as caught:
         handle_run(str(clip), 2)
-    assert re.fullmatch(r"square\.mp4 is [\d.]+ MB; the limit is 0\.001 MB\. Trim or re-encode the clip and "
-                        r"upload it again\.", caught.value.message)
+    assert re.fullmatch(
+        r"square\.mp4 is [\d.]+ MB; the limit is 0\.001 MB\. Trim or re-encode the clip and "
+        r"upload it again\.",
+        caught.value.message,
+    )
     with pytest.raises(gr.Error, match="the limit is 0.002 MB"):  # the app's own setting wins
         handle_run(str(clip), 2, defaults={"max_file_mb": 0.002})
 
@@ -132,14 +143,34 @@ def test_seeds_outside_the_generator_range_are_refused(clip, no_rollout, seed):
 
 def flagged_record(flags):
     """A rollout.json record whose frames are in (True) or outside (False) the captioner's world."""
-    observed = [{"timestamp_s": float(t), "caption": "the large green ball bounces off the floor " * 3, "image": "x.png",
-                 "grounding": {"kind": "feature_distance", "score": 30.0 if not f else 3.0, "threshold": 15.6, "grounded": f}}
-                for t, f in enumerate(flags)]
-    return {"observed": observed, "models": {"captioner": "/somewhere/offline_pack/captioner"},
-            "grounding": {"verdict": "outside" if flags.count(False) * 2 >= len(flags) else "partly outside",
-                          "frames": len(flags), "flagged": flags.count(False)},
-            "predictions": [{"sentences": ["a ball falls down ."], "images": ["y.png"]}], "preset": "offline",
-            "preset_reason": "asked", "oov": {"rate": 0.0}, "warnings": []}
+    observed = [
+        {
+            "timestamp_s": float(t),
+            "caption": "the large green ball bounces off the floor " * 3,
+            "image": "x.png",
+            "grounding": {
+                "kind": "feature_distance",
+                "score": 30.0 if not f else 3.0,
+                "threshold": 15.6,
+                "grounded": f,
+            },
+        }
+        for t, f in enumerate(flags)
+    ]
+    return {
+        "observed": observed,
+        "models": {"captioner": "/somewhere/offline_pack/captioner"},
+        "grounding": {
+            "verdict": "outside" if flags.count(False) * 2 >= len(flags) else "partly outside",
+            "frames": len(flags),
+            "flagged": flags.count(False),
+        },
+        "predictions": [{"sentences": ["a ball falls down ."], "images": ["y.png"]}],
+        "preset": "offline",
+        "preset_reason": "asked",
+        "oov": {"rate": 0.0},
+        "warnings": [],
+    }
 
 
 def test_outputs_show_the_banner_the_full_captions_and_the_queue_wait(tmp_path):
@@ -168,8 +199,11 @@ def models(tmp_path_factory):
     torch.manual_seed(0)
     predictor = FourTensorModel(FourTensorConfig(vocab_size=len(vocab), d_x=4, d_t=2, n_heads=1, n_layers=1))
     predictor.save_pretrained(root / "predictor", vocab=vocab)
-    return {"captioner": str(make_tiny_blip(root / "blip")), "renderer": str(make_tiny_sd(root / "sd")),
-            "predictor": str(root / "predictor")}
+    return {
+        "captioner": str(make_tiny_blip(root / "blip")),
+        "renderer": str(make_tiny_sd(root / "sd")),
+        "predictor": str(root / "predictor"),
+    }
 
 
 def free_port() -> int:

@@ -7,20 +7,23 @@ import pytest
 import torch
 from PIL import Image
 
-from pipeline import evaluate_world as ew
+from pipeline.pack import evaluate_world as ew
 from pipeline.tiny_models import make_tiny_blip, make_tiny_predictor, one_torch_thread
-from world_model import synthetic_world as sw
-from world_model.decoding import write_known_sentences
-from world_model.models import build_model, model_vocab_size
-from world_model.vocab import Vocabulary, tokenize
+from world_model.data.synthetic import world as sw
+from world_model.models.decoding import write_known_sentences
+from world_model.models.registry import build_model, model_vocab_size
+from world_model.text.vocab import Vocabulary, tokenize
 
 OBSERVE, STEPS = 2, 3
 
 
 def mixed_base_seed() -> int:
     """A base seed whose first three held-out episodes are one of each scene type."""
-    return next(s for s in range(100)
-                if {sw.simulate(sw.episode_seed(s, i, "heldout"), seconds=1).kind for i in range(3)} == set(sw.SCENE_TYPES))
+    return next(
+        s
+        for s in range(100)
+        if {sw.simulate(sw.episode_seed(s, i, "heldout"), seconds=1).kind for i in range(3)} == set(sw.SCENE_TYPES)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -31,21 +34,30 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("world")
     sw.generate(3, mixed_base_seed(), root / "data", split="heldout", seconds=OBSERVE + STEPS, fps=6, size=48)
     split = root / "data" / "heldout"
-    sentences = [s["text"] for line in (split / "episodes.jsonl").read_text().splitlines()
-                 for s in json.loads(line)["sentences"]]
+    sentences = [
+        s["text"] for line in (split / "episodes.jsonl").read_text().splitlines() for s in json.loads(line)["sentences"]
+    ]
     pack = root / "pack"
     with one_torch_thread():
         make_tiny_blip(pack / "captioner")
         config = PixelPipelineConfig(
-            sample_size=(16, 48), block_out_channels=(8, 16), attention_levels=1, head_channels=8, text_dim=16,
-            text_layers=1, text_heads=2, num_inference_steps=2)
+            sample_size=(16, 48),
+            block_out_channels=(8, 16),
+            attention_levels=1,
+            head_channels=8,
+            text_dim=16,
+            text_layers=1,
+            text_heads=2,
+            num_inference_steps=2,
+        )
         build_pixel_pipeline(sentences, config).save_pretrained(pack / "renderer")
         make_tiny_predictor(pack / "predictor", sentences)
         write_known_sentences(pack / "predictor", sentences)  # the 4-tensor reads known sentences; the baseline, tokens
         vocab = Vocabulary.build(sentences)
         torch.manual_seed(0)
-        baseline = build_model({"type": "baseline", "d_x": 4, "d_t": 4, "n_heads": 2, "n_layers": 1},
-                               model_vocab_size("baseline", vocab))
+        baseline = build_model(
+            {"type": "baseline", "d_x": 4, "d_t": 4, "n_heads": 2, "n_layers": 1}, model_vocab_size("baseline", vocab)
+        )
         baseline.save_pretrained(pack / "baseline", vocab=vocab)
     return pack, split
 
@@ -53,8 +65,24 @@ def world(tmp_path_factory):
 def test_full_loop_writes_consistent_results(world, tmp_path):
     pack, split = world
     out = tmp_path / "eval"
-    argv = ["--pack", str(pack), "--data", str(split), "--episodes", "3", "--observe", str(OBSERVE),
-            "--steps", str(STEPS), "--out", str(out), "--device", "cpu", "--storyboard-episodes", "2"]
+    argv = [
+        "--pack",
+        str(pack),
+        "--data",
+        str(split),
+        "--episodes",
+        "3",
+        "--observe",
+        str(OBSERVE),
+        "--steps",
+        str(STEPS),
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--storyboard-episodes",
+        "2",
+    ]
     with one_torch_thread():
         assert ew.main(argv) == 0
     assert sorted(p.name for p in out.iterdir()) == ["results.json", "results.md", "storyboard.png"]
@@ -69,8 +97,9 @@ def test_full_loop_writes_consistent_results(world, tmp_path):
     truths = [t for e in episodes for t in e["truths"]]
     assert truths == [s["text"] for r in records for s in r["sentences"]] and len(captions) == len(truths)
     assert results["caption_accuracy"]["strips"] == len(truths)
-    assert math.isclose(results["caption_accuracy"]["overall"], np.mean([same(c, t) for c, t in zip(captions, truths)]),
-                        abs_tol=1e-4)
+    assert math.isclose(
+        results["caption_accuracy"]["overall"], np.mean([same(c, t) for c, t in zip(captions, truths)]), abs_tol=1e-4
+    )
 
     ceiling = results["ceiling"]["per_step"]
     for e, record in zip(episodes, records):
@@ -82,9 +111,11 @@ def test_full_loop_writes_consistent_results(world, tmp_path):
             assert min(e["ceilings"]) < 1
     assert ceiling == pytest.approx(np.mean([e["ceilings"] for e in episodes], axis=0), abs=1e-4)
 
-    futures = [e["truths"][OBSERVE:OBSERVE + STEPS] for e in episodes]
-    for context, last in (("captions", [e["captions"][OBSERVE - 1] for e in episodes]),
-                          ("truth", [e["truths"][OBSERVE - 1] for e in episodes])):
+    futures = [e["truths"][OBSERVE : OBSERVE + STEPS] for e in episodes]
+    for context, last in (
+        ("captions", [e["captions"][OBSERVE - 1] for e in episodes]),
+        ("truth", [e["truths"][OBSERVE - 1] for e in episodes]),
+    ):
         copy_last = [np.mean([same(x, f[k]) for x, f in zip(last, futures)]) for k in range(STEPS)]
         row = results["next_state"]["copy_last"][context]
         assert row["accuracy"] == pytest.approx(copy_last, abs=1e-4)
@@ -106,21 +137,28 @@ def test_full_loop_writes_consistent_results(world, tmp_path):
     assert trip["true_sentences"]["distinct_sentences"] == len(set(truths))
     assert math.isclose(trip["true_sentences"]["overall"], np.mean([same(back[t], t) for t in truths]), abs_tol=1e-4)
     for e in episodes:
-        assert math.isclose(trip["true_sentences"]["per_scene"][e["scene"]],  # one episode per scene
-                            np.mean([same(back[t], t) for t in e["truths"]]), abs_tol=1e-4)
+        assert math.isclose(
+            trip["true_sentences"]["per_scene"][e["scene"]],  # one episode per scene
+            np.mean([same(back[t], t) for t in e["truths"]]),
+            abs_tol=1e-4,
+        )
     loop = [s for e in episodes for s in e["predictions"]["four_tensor"]["captions"]]
     assert trip["predicted_sentences"]["strips"] == len(loop)
     assert math.isclose(trip["predicted_sentences"]["overall"], np.mean([same(back[s], s) for s in loop]), abs_tol=1e-4)
 
-    sizes = {c: sum(f.stat().st_size for f in (pack / c).rglob("*") if f.is_file()) / 1e6
-             for c in ("captioner", "renderer", "predictor", "baseline")}
+    sizes = {
+        c: sum(f.stat().st_size for f in (pack / c).rglob("*") if f.is_file()) / 1e6
+        for c in ("captioner", "renderer", "predictor", "baseline")
+    }
     assert results["pack"]["size_mb"]["total"] == pytest.approx(sum(sizes.values()), abs=2e-3)
     timings = results["timings"]
     assert set(timings) >= {"load_models", "caption_strips", "render", "caption_renders"}
-    assert timings["caption_strips"]["items"] == len(truths) and timings["render"]["items"] == len(set(truths) | set(loop))
+    assert timings["caption_strips"]["items"] == len(truths) and timings["render"]["items"] == len(
+        set(truths) | set(loop)
+    )
 
     md = (out / "results.md").read_text()
-    assert results["command"] in md and results["command"].startswith("python -m pipeline.evaluate_world --pack")
+    assert results["command"] in md and results["command"].startswith("python -m pipeline.pack.evaluate_world --pack")
     rows = 2 * (1 + len(sw.SCENE_TYPES))
     assert md.count("| 4-tensor |") == md.count("| copy-last |") == md.count("| 4-tensor, per-slot readout |") == rows
     assert "flat baseline, token readout" not in md and "![storyboard](storyboard.png)" in md
@@ -151,24 +189,70 @@ def test_missing_pieces_and_bad_settings_are_refused_before_any_work(world, tmp_
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "keep.txt").write_text("mine")
-    assert ew.main(["--pack", str(pack), "--data", str(split), "--episodes", "3", "--out", str(taken),
-                    "--observe", "2", "--steps", "3"]) == 2
+    assert (
+        ew.main(
+            [
+                "--pack",
+                str(pack),
+                "--data",
+                str(split),
+                "--episodes",
+                "3",
+                "--out",
+                str(taken),
+                "--observe",
+                "2",
+                "--steps",
+                "3",
+            ]
+        )
+        == 2
+    )
     assert "already holds files" in capsys.readouterr().err and (taken / "keep.txt").read_text() == "mine"
-    assert ew.main(["--pack", str(tmp_path / "nowhere"), "--data", str(split), "--episodes", "1", "--out",
-                    str(tmp_path / "out")]) == 2
+    assert (
+        ew.main(
+            [
+                "--pack",
+                str(tmp_path / "nowhere"),
+                "--data",
+                str(split),
+                "--episodes",
+                "1",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 2
+    )
     assert "model pack" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
 def test_renderer_round_trip_command_scores_every_render(world, tmp_path, capsys):
-    from pipeline import round_trip as rt
+    from pipeline.pack import round_trip as rt
 
     pack, split = world
-    sentences = list(dict.fromkeys(s["text"] for line in (split / "episodes.jsonl").read_text().splitlines()
-                                   for s in json.loads(line)["sentences"]))
+    sentences = list(
+        dict.fromkeys(
+            s["text"]
+            for line in (split / "episodes.jsonl").read_text().splitlines()
+            for s in json.loads(line)["sentences"]
+        )
+    )
     (tmp_path / "sentences.txt").write_text("\n".join(sentences) + "\n")
-    argv = ["--renderer", str(pack / "renderer"), "--captioner", str(pack / "captioner"), "--sentences",
-            str(tmp_path / "sentences.txt"), "--seeds", "0", "1", "--json", str(tmp_path / "rt.json")]
+    argv = [
+        "--renderer",
+        str(pack / "renderer"),
+        "--captioner",
+        str(pack / "captioner"),
+        "--sentences",
+        str(tmp_path / "sentences.txt"),
+        "--seeds",
+        "0",
+        "1",
+        "--json",
+        str(tmp_path / "rt.json"),
+    ]
     with one_torch_thread():
         assert rt.main(argv) == 0
     result = json.loads((tmp_path / "rt.json").read_text())

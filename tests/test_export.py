@@ -1,23 +1,37 @@
 """Exporting a run for shipping: fp16 weights, the sentence bank, and a model card that states the run's own
 settings, its variants, the floors and Story Cloze."""
+
 import json
 
 import torch
 from safetensors.torch import load_file
 
 from tests.test_train import TINY, make_data
-from world_model import export
-from world_model.models import load_model
-from world_model.train import train
+from world_model.models.registry import load_model
+from world_model.training import export
+from world_model.training.train import train
 
 
 def test_export_writes_fp16_weights_bank_and_an_honest_card(tmp_path):
     data = make_data(tmp_path / "data")
-    config = {"model": {**TINY["model"], "temporal_causal": True, "copy_path": True, "copy_dim": 3},
-              "training": {**TINY["training"], "max_epochs": 1, "lr": 2e-3, "lr_schedule": "warmup_cosine", "warmup_steps": 2}}
+    config = {
+        "model": {**TINY["model"], "temporal_causal": True, "copy_path": True, "copy_dim": 3},
+        "training": {
+            **TINY["training"],
+            "max_epochs": 1,
+            "lr": 2e-3,
+            "lr_schedule": "warmup_cosine",
+            "warmup_steps": 2,
+        },
+    }
     train(config, data, tmp_path / "run", progress=False)
     out = tmp_path / "shipped"
-    assert export.main(["--run", str(tmp_path / "run"), "--out", str(out), "--data", str(data), "--command", "python -m X"]) == 0
+    assert (
+        export.main(
+            ["--run", str(tmp_path / "run"), "--out", str(out), "--data", str(data), "--command", "python -m X"]
+        )
+        == 0
+    )
     assert all(t.dtype == torch.float16 for t in load_file(out / "model.safetensors").values())
     assert load_model(out).config.copy_path  # the variant travels with the folder
     assert (out / "sentence_bank.json.gz").is_file()

@@ -1,5 +1,6 @@
 """The twelve faithfulness checks of section 4.8 of the 4-tensor paper, one test each, plus the extras
 the predictor issue asks for (float64 gradient check, tied readout == dense W_out, all-padding window)."""
+
 import math
 
 import pytest
@@ -7,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from world_model.four_tensor import FourTensorConfig, FourTensorModel, sinusoidal_embedding
+from world_model.models.four_tensor import FourTensorConfig, FourTensorModel, sinusoidal_embedding
 
 V = 23
 
@@ -38,7 +39,9 @@ class OpRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         outs = out if isinstance(out, (tuple, list)) else (out,)
-        self.calls.append((str(func.overloadpacket.__name__), [tuple(o.shape) for o in outs if isinstance(o, torch.Tensor)]))
+        self.calls.append(
+            (str(func.overloadpacket.__name__), [tuple(o.shape) for o in outs if isinstance(o, torch.Tensor)])
+        )
         return out
 
 
@@ -54,9 +57,11 @@ def manual_input(model: FourTensorModel, ids: torch.Tensor) -> torch.Tensor:
                 v = ids[b, t, x]
                 for n in range(c.d_x):
                     for q in range(c.d_t):
-                        X[b, x, t, n, q] = (ic.E_sem.weight[v, n] * ic.E_temp.weight[v, q]
-                                            + sinusoidal_embedding(torch.tensor(float(x)), c.d_x)[n]
-                                            + sinusoidal_embedding(torch.tensor(float(x + t)), c.d_t)[q])
+                        X[b, x, t, n, q] = (
+                            ic.E_sem.weight[v, n] * ic.E_temp.weight[v, q]
+                            + sinusoidal_embedding(torch.tensor(float(x)), c.d_x)[n]
+                            + sinusoidal_embedding(torch.tensor(float(x + t)), c.d_t)[q]
+                        )
     return X
 
 
@@ -91,7 +96,9 @@ def test_check02_flat_index_phi_is_n_dt_plus_q_everywhere():
         for q in range(c.d_t):
             torch.testing.assert_close(M[n * c.d_t + q], E[:, n] * model.W_prime[q])
     # LayerNorm (final_norm, per-branch norms) acts on the same flat fiber: the fibers of one slot, in phi order.
-    manual = F.layer_norm(X5.reshape(*X5.shape[:3], c.d_x * c.d_t), (c.d,), model.final_norm.weight, model.final_norm.bias)
+    manual = F.layer_norm(
+        X5.reshape(*X5.shape[:3], c.d_x * c.d_t), (c.d,), model.final_norm.weight, model.final_norm.bias
+    )
     torch.testing.assert_close(model.final_norm(X_flat), manual)
     swapped = X5.transpose(-1, -2).reshape(*X5.shape[:3], c.d)  # the (d_t, d_x) flattening
     assert not torch.allclose(q_kernel, attn.qkv(swapped.reshape(2, -1, c.d))[0][:, 1])
@@ -228,8 +235,9 @@ def test_check10_readout_matrix_is_materialised_before_the_product():
     shapes = [s for _, outs in rec.calls for s in outs]
     assert (c.d, V) in shapes or (c.d_x, c.d_t, V) in shapes, "M (d, V) is formed"
     rows = 2 * 5 * 4
-    assert not any(len(s) >= 2 and s[-2:] == (c.d_t, V) and math.prod(s[:-2]) == rows for s in shapes), \
+    assert not any(len(s) >= 2 and s[-2:] == (c.d_t, V) and math.prod(s[:-2]) == rows for s in shapes), (
         "no (B N T, d_t, V) intermediate"
+    )
     X = model.encode(ids)
     torch.testing.assert_close(logits, X @ model.readout_matrix())
 

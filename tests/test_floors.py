@@ -1,4 +1,4 @@
-"""Count floors (world_model/floors.py) against values computed by hand, and their selection on training data only."""
+"""Count floors (world_model/evaluation/floors.py) against values computed by hand, and their selection on training data only."""
 
 import math
 from fractions import Fraction
@@ -6,22 +6,26 @@ from fractions import Fraction
 import pytest
 import torch
 
-from world_model import floors as fl
+from world_model.evaluation import floors as fl
 
 V = 5  # 0 padding, 1 unknown, 2..4 words
 # Two training windows of five sentences, N = 2 slots.
-TRAIN = torch.tensor([
-    [[2, 3], [2, 0], [4, 3], [2, 3], [3, 0]],
-    [[3, 2], [4, 4], [2, 0], [3, 3], [2, 4]],
-])
+TRAIN = torch.tensor(
+    [
+        [[2, 3], [2, 0], [4, 3], [2, 3], [3, 0]],
+        [[3, 2], [4, 4], [2, 0], [3, 3], [2, 4]],
+    ]
+)
 # Counted by hand over all five sentences (padding left out), per slot and id 1..4.
 SLOT_COUNTS = [{1: 0, 2: 5, 3: 3, 4: 2}, {1: 0, 2: 1, 3: 4, 4: 2}]
 # Three validation windows: context S(0..3), then S(4).
-VAL = torch.tensor([
-    [[2, 3], [4, 0], [3, 3], [2, 0], [3, 4]],  # context tokens 2 3 4 3 3 2: copy(3) = 3/6, copy(4) = 1/6
-    [[4, 2], [4, 0], [2, 2], [4, 4], [2, 0]],  # 4 2 4 2 2 4 4: copy(2) = 3/7
-    [[4, 4], [4, 4], [4, 0], [0, 0], [4, 0]],  # only 4: copy(4) = 1
-])
+VAL = torch.tensor(
+    [
+        [[2, 3], [4, 0], [3, 3], [2, 0], [3, 4]],  # context tokens 2 3 4 3 3 2: copy(3) = 3/6, copy(4) = 1/6
+        [[4, 2], [4, 0], [2, 2], [4, 4], [2, 0]],  # 4 2 4 2 2 4 4: copy(2) = 3/7
+        [[4, 4], [4, 4], [4, 0], [0, 0], [4, 0]],  # only 4: copy(4) = 1
+    ]
+)
 ALPHA, WEIGHT = Fraction(1, 2), Fraction(1, 3)  # no ties among the argmax candidates
 
 
@@ -37,7 +41,9 @@ def by_hand(name: str, context: list[list[int]], slot: int, v: int) -> Fraction:
 
 @pytest.mark.parametrize("name", fl.FLOORS)
 def test_floors_match_hand_computed_values(name):
-    floor = fl.CountFloor.fit(name, fl.slot_counts(TRAIN, V), float(ALPHA), float(WEIGHT) if name.endswith("copy") else 0.0)
+    floor = fl.CountFloor.fit(
+        name, fl.slot_counts(TRAIN, V), float(ALPHA), float(WEIGHT) if name.endswith("copy") else 0.0
+    )
     log_sum, correct, tokens = 0.0, 0, 0
     for window in VAL.tolist():
         context, target = window[:4], window[4]
@@ -101,22 +107,31 @@ def test_selection_reads_training_windows_only_and_minimises_the_heldout_loss():
         scores = {a: fl.floor_metrics(fl.CountFloor.fit(name, counts, a), held)["last_ce"] for a in fl.ALPHAS}
         assert report_a[name]["alpha"] == min(scores, key=scores.get)
     alpha = report_a["position_unigram"]["alpha"]
-    scores = {w: fl.floor_metrics(fl.CountFloor.fit("position_unigram_copy", counts, alpha, w), held)["last_ce"] for w in fl.COPY_WEIGHTS}
+    scores = {
+        w: fl.floor_metrics(fl.CountFloor.fit("position_unigram_copy", counts, alpha, w), held)["last_ce"]
+        for w in fl.COPY_WEIGHTS
+    }
     assert report_a["position_unigram_copy"]["copy_weight"] == min(scores, key=scores.get)
     # the reported floors are refitted on all the training windows
     floors = fl.select_floors(train, 12)["floors"]
-    assert torch.equal(floors["unigram"].table, fl.CountFloor.fit("unigram", fl.slot_counts(train, 12), report_a["unigram"]["alpha"]).table)
+    assert torch.equal(
+        floors["unigram"].table,
+        fl.CountFloor.fit("unigram", fl.slot_counts(train, 12), report_a["unigram"]["alpha"]).table,
+    )
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: fl.CountFloor.fit("bigram", fl.slot_counts(TRAIN, V), 0.5), "unknown floor"),
-    (lambda: fl.CountFloor.fit("unigram", fl.slot_counts(TRAIN, V), 0.0), "alpha must be > 0"),
-    (lambda: fl.CountFloor.fit("unigram", fl.slot_counts(TRAIN, V), 0.5, 0.3), "does not fit floor"),
-    (lambda: fl.CountFloor.fit("position_unigram_copy", fl.slot_counts(TRAIN, V), 0.5, 1.0), "does not fit floor"),
-    (lambda: fl.slot_counts(TRAIN[:, :4], V), r"\(S >= 1, 5, N\)"),
-    (lambda: fl.slot_counts(TRAIN, 4), "outside"),
-    (lambda: fl.select_floors(TRAIN[:1], V), "cannot hold out"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: fl.CountFloor.fit("bigram", fl.slot_counts(TRAIN, V), 0.5), "unknown floor"),
+        (lambda: fl.CountFloor.fit("unigram", fl.slot_counts(TRAIN, V), 0.0), "alpha must be > 0"),
+        (lambda: fl.CountFloor.fit("unigram", fl.slot_counts(TRAIN, V), 0.5, 0.3), "does not fit floor"),
+        (lambda: fl.CountFloor.fit("position_unigram_copy", fl.slot_counts(TRAIN, V), 0.5, 1.0), "does not fit floor"),
+        (lambda: fl.slot_counts(TRAIN[:, :4], V), r"\(S >= 1, 5, N\)"),
+        (lambda: fl.slot_counts(TRAIN, 4), "outside"),
+        (lambda: fl.select_floors(TRAIN[:1], V), "cannot hold out"),
+    ],
+)
 def test_bad_input_is_a_clear_error(call, message):
     with pytest.raises(ValueError, match=message):
         call()

@@ -1,14 +1,15 @@
 """The 4-tensor predictor beyond section 4.8: fast kernels equal the reference, rollout and its length
 rule, sampling, input checks, checkpoints."""
+
 import json
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from world_model.checkpoint import CheckpointError
-from world_model.four_tensor import FourTensorConfig, FourTensorModel
 from tests.test_faithfulness import V, make_model, make_window
+from world_model.models.checkpoint import CheckpointError
+from world_model.models.four_tensor import FourTensorConfig, FourTensorModel
 
 END = 7  # plays the role of "." in these tests
 
@@ -111,7 +112,9 @@ def test_unknown_word_slot_keeps_its_position_and_is_attended():
 def test_sampling_is_seeded_and_top_k_restricts_choices():
     model = make_model()
     logits = torch.randn(4, 5, V)
-    draw = lambda seed, **kw: model.decode_state(logits, temperature=1.0, generator=torch.Generator().manual_seed(seed), **kw)
+    draw = lambda seed, **kw: model.decode_state(
+        logits, temperature=1.0, generator=torch.Generator().manual_seed(seed), **kw
+    )
     assert torch.equal(draw(0), draw(0))
     assert not torch.equal(draw(0), draw(1))
     top2 = logits[..., 1:].topk(2, dim=-1).indices + 1  # padding excluded before top-k
@@ -183,7 +186,9 @@ def test_checkpoint_round_trip_in_fp16_and_fp32(tmp_path):
     loaded = FourTensorModel.from_pretrained(tmp_path / "fp16")
     assert json.loads((tmp_path / "fp16" / "config.json").read_text())["extra"] == {"note": "test"}
     torch.testing.assert_close(loaded(ids), model(ids), atol=2e-2, rtol=2e-2)
-    assert (tmp_path / "fp16" / "model.safetensors").stat().st_size < (tmp_path / "fp32" / "model.safetensors").stat().st_size
+    assert (tmp_path / "fp16" / "model.safetensors").stat().st_size < (
+        tmp_path / "fp32" / "model.safetensors"
+    ).stat().st_size
 
 
 def test_saving_over_a_checkpoint_replaces_it_whole(tmp_path):
@@ -215,7 +220,7 @@ def test_truncated_or_mismatched_checkpoints_get_clear_errors(tmp_path):
 
 @pytest.mark.parametrize("rows, chunk, argmax_from", [(37, 8, 0), (37, 128, 0), (37, 8, 13), (37, 8, 37), (0, 8, 0)])
 def test_fused_linear_cross_entropy_equals_the_plain_expression(rows, chunk, argmax_from):
-    from world_model.kernels import linear_cross_entropy
+    from world_model.models.kernels import linear_cross_entropy
 
     g = torch.Generator().manual_seed(rows)
     X = torch.randn(rows, 6, generator=g, dtype=torch.float64, requires_grad=True)

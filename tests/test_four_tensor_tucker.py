@@ -1,12 +1,13 @@
 """The tucker form of the 4-tensor predictor's Q, K, V weights (issue 7): W = G x_m A x_p B x_n C x_q D."""
+
 import json
 import math
 
 import pytest
 import torch
 
-from world_model.four_tensor import FourTensorConfig, FourTensorModel, tucker_from_dense
 from tests.test_faithfulness import OpRecorder, make_model, make_window
+from world_model.models.four_tensor import FourTensorConfig, FourTensorModel, tucker_from_dense
 
 TUCKER = ("core", "factor_m", "factor_p", "factor_n", "factor_q")
 
@@ -52,8 +53,9 @@ def test_full_rank_tucker_from_dense_is_the_same_model(shared, attention):
     b.loss.backward()
     # With identity factors W == G, so dL/dG == dL/dW; every shared parameter gets the same gradient.
     for i in range(2):
-        torch.testing.assert_close(tucker.layers[i].attention.core.grad, dense.layers[i].attention.w_qkv.grad,
-                                   atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(
+            tucker.layers[i].attention.core.grad, dense.layers[i].attention.w_qkv.grad, atol=1e-6, rtol=1e-5
+        )
     dense_grads = dict(dense.named_parameters())
     for name, p in tucker.named_parameters():
         if name.split(".")[-1] not in TUCKER:
@@ -63,7 +65,9 @@ def test_full_rank_tucker_from_dense_is_the_same_model(shared, attention):
 @pytest.mark.parametrize("shared", [False, True])
 def test_low_rank_qkv_equals_the_composed_mode_products(shared):
     # d_x != d_t and four distinct ranks: a factor applied to the wrong mode cannot line up.
-    model = make_model(d_x=5, d_t=3, n_heads=2, qkv_form="tucker", tucker_ranks=(4, 2, 3, 1), tucker_shared_factors=shared)
+    model = make_model(
+        d_x=5, d_t=3, n_heads=2, qkv_form="tucker", tucker_ranks=(4, 2, 3, 1), tucker_shared_factors=shared
+    )
     attn, c = model.layers[0].attention, model.config
     with torch.no_grad():  # break the symmetry of the initial factors
         for name in TUCKER:
@@ -90,8 +94,11 @@ def test_forward_and_backward_never_form_the_dense_weight(shared):
     forbidden = {d * d, 2 * d * d, 3 * d * d, 6 * d * d}
 
     def dense_like(shape):
-        return math.prod(shape) in forbidden or any(shape[i : i + 2] == (d, d) for i in range(len(shape) - 1)) \
+        return (
+            math.prod(shape) in forbidden
+            or any(shape[i : i + 2] == (d, d) for i in range(len(shape) - 1))
             or any(shape[i : i + 4] == (6, 5, 6, 5) for i in range(len(shape) - 3))
+        )
 
     def recorded(model):
         rec = OpRecorder()
@@ -109,13 +116,14 @@ def test_forward_and_backward_never_form_the_dense_weight(shared):
 @pytest.mark.parametrize("shared", [False, True])
 def test_parameter_count_is_the_factorised_one(shared):
     dense = make_model(d_x=6, d_t=5, n_heads=3, n_layers=2)
-    tucker = make_model(d_x=6, d_t=5, n_heads=3, n_layers=2, qkv_form="tucker", tucker_ranks=(3, 2, 4, 1),
-                        tucker_shared_factors=shared)
+    tucker = make_model(
+        d_x=6, d_t=5, n_heads=3, n_layers=2, qkv_form="tucker", tucker_ranks=(3, 2, 4, 1), tucker_shared_factors=shared
+    )
     c = tucker.config
     # 3 H (r_m r_p r_n r_q) + (d_x r_m + d_t r_p + d_x r_n + d_t r_q) x (1 or 3 H), per layer.
     expected = 2 * (3 * 3 * 24 + (18 + 10 + 24 + 5) * (1 if shared else 9))
     assert attention_parameters(tucker) == tucker_attention_count(c) == expected
-    assert attention_parameters(dense) == 2 * 3 * 3 * 30 ** 2
+    assert attention_parameters(dense) == 2 * 3 * 3 * 30**2
     assert attention_parameters(tucker) < attention_parameters(dense) // 10
     total = lambda m: sum(p.numel() for p in m.parameters())
     assert total(dense) - total(tucker) == attention_parameters(dense) - attention_parameters(tucker)
@@ -130,7 +138,9 @@ def test_shared_factors_count_once_per_layer():
     assert shared.layers[0].attention.factor_m.shape == (6, 3)
     # At full ranks, shared identity factors and per-head identity factors give the same function.
     dense = make_model()
-    torch.testing.assert_close(tucker_from_dense(dense, True)(make_window()), tucker_from_dense(dense, False)(make_window()))
+    torch.testing.assert_close(
+        tucker_from_dense(dense, True)(make_window()), tucker_from_dense(dense, False)(make_window())
+    )
 
 
 @pytest.mark.parametrize("shared", [False, True])
@@ -146,8 +156,17 @@ def test_gradients_reach_the_core_and_every_factor(shared):
 
 
 def test_float64_gradient_check_of_the_tucker_parameters():
-    model = make_model(d_x=2, d_t=2, n_heads=2, n_layers=1, n_tokens=3, n_states=2, attention="reference",
-                       qkv_form="tucker", tucker_ranks=(2, 1, 1, 2)).double()
+    model = make_model(
+        d_x=2,
+        d_t=2,
+        n_heads=2,
+        n_layers=1,
+        n_tokens=3,
+        n_states=2,
+        attention="reference",
+        qkv_form="tucker",
+        tucker_ranks=(2, 1, 1, 2),
+    ).double()
     ids = torch.tensor([[[3, 4, 0], [5, 0, 0], [6, 7, 8]]])
     names = [f"layers.0.attention.{n}" for n in TUCKER]
     params = dict(model.named_parameters())
@@ -169,10 +188,13 @@ def test_initialisation_orthonormal_factors_and_xavier_like_composed_variance():
         torch.testing.assert_close(F_.transpose(-1, -2) @ F_, eye)
     with torch.no_grad():
         W = torch.stack([layer.attention.dense_weights() for layer in model.layers]).reshape(-1, d, d)
-        frob2 = (W ** 2).sum(dim=(-1, -2)).mean() / d  # mean-square entry times d; Xavier on d x d gives 1
+        frob2 = (W**2).sum(dim=(-1, -2)).mean() / d  # mean-square entry times d; Xavier on d x d gives 1
     assert 0.8 < float(frob2) < 1.25
     dense = make_model(d_x=8, d_t=4, n_heads=4, n_layers=3)
-    dense_frob2 = torch.stack([l.attention.w_qkv.detach() for l in dense.layers]).reshape(-1, d, d).pow(2).sum((-1, -2)).mean() / d
+    dense_frob2 = (
+        torch.stack([l.attention.w_qkv.detach() for l in dense.layers]).reshape(-1, d, d).pow(2).sum((-1, -2)).mean()
+        / d
+    )
     assert abs(float(frob2) - float(dense_frob2)) < 0.25
 
 
@@ -181,7 +203,11 @@ def test_checkpoint_round_trip_keeps_the_tucker_config_and_outputs(tmp_path):
     ids = make_window()
     model.save_pretrained(tmp_path / "ckpt")
     saved = json.loads((tmp_path / "ckpt" / "config.json").read_text())
-    assert saved["qkv_form"] == "tucker" and saved["tucker_ranks"] == [3, 2, 2, 1] and saved["tucker_shared_factors"] is True
+    assert (
+        saved["qkv_form"] == "tucker"
+        and saved["tucker_ranks"] == [3, 2, 2, 1]
+        and saved["tucker_shared_factors"] is True
+    )
     loaded = FourTensorModel.from_pretrained(tmp_path / "ckpt")
     assert loaded.config == model.config and loaded.config.tucker_ranks == (3, 2, 2, 1)
     torch.testing.assert_close(loaded(ids), model(ids))

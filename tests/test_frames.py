@@ -214,8 +214,17 @@ def test_frames_smaller_than_the_minimum_are_refused(tmp_path):
     from encoders.frames import MIN_SIDE
 
     path = tmp_path / "tiny.mp4"
-    run_ffmpeg("-f", "lavfi", "-i", "color=c=red:size=2x2:duration=2:rate=10", "-c:v", "libx264", "-pix_fmt", "yuv420p",
-               str(path))
+    run_ffmpeg(
+        "-f",
+        "lavfi",
+        "-i",
+        "color=c=red:size=2x2:duration=2:rate=10",
+        "-c:v",
+        "libx264",
+        "-pix_fmt",
+        "yuv420p",
+        str(path),
+    )
     with pytest.raises(VideoError, match=f"2x2 frames; at least {MIN_SIDE}x{MIN_SIDE} pixels"):
         sample_frames(path)
     assert probe_video(write_test_clip(tmp_path / "ok.mp4", 1.0, FPS, (MIN_SIDE, MIN_SIDE))).width == MIN_SIDE

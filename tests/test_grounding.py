@@ -1,5 +1,6 @@
 """Grounding scores: frames outside the captioner's world are flagged, in the score object, in the
 shipped pack, and through the rollout (rollout.json, the warning, --on-unknown stop)."""
+
 import json
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from encoders.captioner import HFCaptioner
 from encoders.frames import sample_frames
 from encoders.grounding import CAPTION_LOGPROB, FEATURE_DISTANCE, FeatureReference, Grounding, clip_verdict
 from pipeline import rollout as rollout_module
-from pipeline.grounding import pan_zoom_clip
+from pipeline.pack.grounding import pan_zoom_clip
 from pipeline.rollout import main, run_rollout
 from tests.model_factories import make_tiny_blip, one_torch_thread
 
@@ -35,8 +36,15 @@ def test_reference_flags_features_far_from_the_training_ones_and_survives_a_roun
     assert FeatureReference.load(tmp_path / "elsewhere") is None
 
 
-@pytest.mark.parametrize("flags, verdict", [([True, True, True], "inside"), ([True, False, True], "partly outside"),
-                                            ([False, True], "outside"), ([None, None], "uncalibrated")])
+@pytest.mark.parametrize(
+    "flags, verdict",
+    [
+        ([True, True, True], "inside"),
+        ([True, False, True], "partly outside"),
+        ([False, True], "outside"),
+        ([None, None], "uncalibrated"),
+    ],
+)
 def test_clip_verdict(flags, verdict):
     groundings = [Grounding(FEATURE_DISTANCE, 1.0, 2.0, flag) for flag in flags]
     result = clip_verdict(groundings)
@@ -79,8 +87,6 @@ def test_a_captioner_without_reference_gets_an_uncalibrated_caption_likelihood(t
     assert clip_verdict(groundings)["verdict"] == "uncalibrated"
 
 
-
-
 class FlaggingCaptioner:
     """Captions every frame 'a ball falls down' and flags the frames whose index is in ``outside``."""
 
@@ -88,16 +94,24 @@ class FlaggingCaptioner:
         self.outside = outside
 
     def caption_and_ground(self, images):
-        return (["a ball falls down"] * len(images),
-                [Grounding(FEATURE_DISTANCE, 30.0 if i in self.outside else 3.0, 15.0, i not in self.outside)
-                 for i in range(len(images))])
+        return (
+            ["a ball falls down"] * len(images),
+            [
+                Grounding(FEATURE_DISTANCE, 30.0 if i in self.outside else 3.0, 15.0, i not in self.outside)
+                for i in range(len(images))
+            ],
+        )
 
 
 def test_rollout_records_per_frame_scores_the_verdict_and_a_warning(parts, tmp_path, monkeypatch):
     monkeypatch.setattr(rollout_module, "load_captioner", lambda *a: FlaggingCaptioner({0, 1, 2}))
     with one_torch_thread():
-        result = run_rollout(parts["clip"], steps=1, out_dir=tmp_path / "run",
-                             **{k: parts[k] for k in ("captioner", "renderer", "predictor")})
+        result = run_rollout(
+            parts["clip"],
+            steps=1,
+            out_dir=tmp_path / "run",
+            **{k: parts[k] for k in ("captioner", "renderer", "predictor")},
+        )
     record = json.loads((tmp_path / "run" / "rollout.json").read_text())
     assert record["grounding"]["verdict"] == "outside" and record["grounding"]["flagged"] == 3
     assert [o["grounding"]["grounded"] for o in record["observed"]] == [False] * 3
@@ -109,8 +123,12 @@ def test_rollout_records_per_frame_scores_the_verdict_and_a_warning(parts, tmp_p
 def test_a_grounded_clip_gets_no_warning(parts, tmp_path, monkeypatch):
     monkeypatch.setattr(rollout_module, "load_captioner", lambda *a: FlaggingCaptioner(set()))
     with one_torch_thread():
-        result = run_rollout(parts["clip"], steps=1, out_dir=tmp_path / "run",
-                             **{k: parts[k] for k in ("captioner", "renderer", "predictor")})
+        result = run_rollout(
+            parts["clip"],
+            steps=1,
+            out_dir=tmp_path / "run",
+            **{k: parts[k] for k in ("captioner", "renderer", "predictor")},
+        )
     assert result.record["grounding"]["verdict"] == "inside"
     assert not any("captioner's world" in w for w in result.record["warnings"])
 
@@ -119,8 +137,18 @@ def test_on_unknown_stop_refuses_the_clip_before_predicting(parts, tmp_path, mon
     monkeypatch.setattr(rollout_module, "load_captioner", lambda *a: FlaggingCaptioner({2}))
     out = tmp_path / "run"
     with one_torch_thread():
-        code = main([str(parts["clip"]), "--steps", "1", "--out", str(out), "--on-unknown", "stop",
-                     *[x for k in ("captioner", "renderer", "predictor") for x in (f"--{k}", parts[k])]])
+        code = main(
+            [
+                str(parts["clip"]),
+                "--steps",
+                "1",
+                "--out",
+                str(out),
+                "--on-unknown",
+                "stop",
+                *[x for k in ("captioner", "renderer", "predictor") for x in (f"--{k}", parts[k])],
+            ]
+        )
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: part of the clip is outside the captioner's world: 1 of 3 frames")
     assert err.count("\n") == 1 and not out.exists() and list(tmp_path.iterdir()) == []

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from world_model.lr_schedule import warmup_cosine
+from world_model.training.schedule import warmup_cosine
 
 
 def test_warms_up_linearly_then_decays_on_a_cosine_to_the_final_fraction():

@@ -4,16 +4,17 @@ held-out episodes of the synthetic world, generated here (seed 0, held-out split
 With n scored items, a rate measured on the full evaluation can come out lower here by sampling error
 alone; each floor below is the level minus three standard errors, sqrt(p (1 - p) / n), of the small sample.
 """
+
 import math
 
 import pytest
 
-from pipeline.evaluate_world import evaluate_world
+from pipeline.pack.evaluate_world import evaluate_world
 from pipeline.presets import load_preset, missing_offline_models
 from tests.model_factories import one_torch_thread
-from world_model.models import load_predictor
-from world_model.synthetic_world import episode_seed, generate, simulate
-from world_model.world_sentences import copy_last_predictions, next_state_accuracy, predict_ahead
+from world_model.data.synthetic.sentences import copy_last_predictions, next_state_accuracy, predict_ahead
+from world_model.data.synthetic.world import episode_seed, generate, simulate
+from world_model.models.registry import load_predictor
 
 EPISODES = 4
 SENTENCE_EPISODES = 300  # held-out episodes simulated without video, for the predictor alone
@@ -33,8 +34,9 @@ def results(tmp_path_factory):
     root = tmp_path_factory.mktemp("pack_eval")
     generate(EPISODES, seed=0, out_dir=root, split="heldout")
     with one_torch_thread():
-        return evaluate_world("offline_pack", root / "heldout", EPISODES, root / "eval", storyboard_episodes=1,
-                              progress=False)
+        return evaluate_world(
+            "offline_pack", root / "heldout", EPISODES, root / "eval", storyboard_episodes=1, progress=False
+        )
 
 
 def test_the_captioner_reads_held_out_strips(results):
@@ -44,8 +46,10 @@ def test_the_captioner_reads_held_out_strips(results):
 
 
 def test_the_predictor_beats_copy_last_and_the_flat_baseline_through_the_full_loop(results):
-    mean = {name: sum(results["next_state"][name]["captions"]["accuracy"]) / 5
-            for name in ("four_tensor", "baseline", "copy_last")}
+    mean = {
+        name: sum(results["next_state"][name]["captions"]["accuracy"]) / 5
+        for name in ("four_tensor", "baseline", "copy_last")
+    }
     assert mean["four_tensor"] > mean["copy_last"] and mean["four_tensor"] >= mean["baseline"], mean
     assert all(0 < c <= 1 for c in results["ceiling"]["per_step"])
 
@@ -78,7 +82,7 @@ def test_the_predictor_reaches_ninety_percent_of_the_ceiling_on_held_out_sentenc
 
 
 def test_the_renderer_trainers_defaults_build_the_shipped_renderers_architecture():
-    """`python -m renderers.train_renderer --data DATA --out RUN` with no model flags builds the UNet and text encoder
+    """`python -m pipeline.pack.train_renderer --data DATA --out RUN` with no model flags builds the UNet and text encoder
     the pack ships: the same tensors, of the same shapes (so the documented command reproduces it)."""
     from safetensors import safe_open
 

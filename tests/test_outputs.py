@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from renderers.outputs import write_gif, write_storyboard, write_video
+from renderers.outputs import write_storyboard
+from world_model.utils.video import write_gif, write_video
 
 COLOURS = [(230, 30, 30), (30, 200, 30), (30, 30, 230), (230, 230, 30), (200, 30, 200)]
 
@@ -129,4 +130,6 @@ def test_storyboard_wraps_into_a_grid_of_bounded_size(tmp_path):
     one_row = iio.imread(write_storyboard(observed[:MAX_COLUMNS], [], tmp_path / "row.png")).shape[0] / 2
     assert image.shape[0] <= rows * one_row + 60
     tall = [(np.full((512, 16, 3), 200, np.uint8), "a very tall frame")] * 3
-    assert iio.imread(write_storyboard(tall, tall, tmp_path / "tall.png")).shape[0] < 2 * 800, "tall frames drawn narrower"
+    assert iio.imread(write_storyboard(tall, tall, tmp_path / "tall.png")).shape[0] < 2 * 800, (
+        "tall frames drawn narrower"
+    )

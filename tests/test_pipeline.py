@@ -1,5 +1,6 @@
 """The whole rollout command on a clip written by the test, with tiny models of the real architectures
 saved locally (a BLIP captioner, a Stable Diffusion pipeline, a 4-tensor predictor)."""
+
 import json
 import os
 import stat
@@ -12,10 +13,10 @@ from PIL import Image
 
 from pipeline import rollout as rollout_module
 from pipeline.rollout import RolloutError, main, run_rollout
-from world_model.windows import as_state_sentence, caption_window
 from tests.model_factories import make_tiny_blip, make_tiny_sd, one_torch_thread, write_test_clip
-from world_model.four_tensor import FourTensorConfig, FourTensorModel
-from world_model.vocab import Vocabulary, same_sentence
+from world_model.models.four_tensor import FourTensorConfig, FourTensorModel
+from world_model.text.vocab import Vocabulary, same_sentence
+from world_model.text.windows import as_state_sentence, caption_window
 
 WORDS = ["a red square moves to the right .", "the square stops at the wall .", "a ball falls down ."]
 
@@ -28,8 +29,12 @@ def models(tmp_path_factory):
         torch.manual_seed(0)
         predictor = FourTensorModel(FourTensorConfig(vocab_size=len(vocab), d_x=4, d_t=2, n_heads=1, n_layers=1))
         predictor.save_pretrained(root / "predictor", vocab=vocab)
-        yield {"captioner": str(make_tiny_blip(root / "blip")), "renderer": str(make_tiny_sd(root / "sd")),
-               "predictor": str(root / "predictor"), "vocab": vocab}
+        yield {
+            "captioner": str(make_tiny_blip(root / "blip")),
+            "renderer": str(make_tiny_sd(root / "sd")),
+            "predictor": str(root / "predictor"),
+            "vocab": vocab,
+        }
 
 
 @pytest.fixture(scope="module")
@@ -71,23 +76,43 @@ def test_cli_writes_a_complete_run_folder(models, clip, tmp_path, capsys):
 
 def test_state_strips_are_captioned_one_per_interval(models, clip, tmp_path):
     with one_torch_thread():
-        result = run_rollout(clip, steps=1, out_dir=tmp_path / "run", frames_per_state=3,
-                             **{k: models[k] for k in ("captioner", "renderer", "predictor")})
+        result = run_rollout(
+            clip,
+            steps=1,
+            out_dir=tmp_path / "run",
+            frames_per_state=3,
+            **{k: models[k] for k in ("captioner", "renderer", "predictor")},
+        )
     record = result.record
     assert record["sampling"]["frames_per_state"] == 3
     assert [o["timestamp_s"] for o in record["observed"]] == [0.0, 1.0, 2.0]
     assert all(img.shape == (96, 3 * 160, 3) for img in result.observed)
     assert Image.open(result.run_dir / record["observed"][0]["image"]).size == (480, 96)
     with pytest.raises(RolloutError, match="--frames"):
-        run_rollout(clip, steps=1, out_dir=tmp_path / "other", num_frames=2, frames_per_state=3,
-                    **{k: models[k] for k in ("captioner", "renderer", "predictor")})
+        run_rollout(
+            clip,
+            steps=1,
+            out_dir=tmp_path / "other",
+            num_frames=2,
+            frames_per_state=3,
+            **{k: models[k] for k in ("captioner", "renderer", "predictor")},
+        )
 
 
 def test_sampling_gives_seeded_alternative_futures(models, clip, tmp_path):
     with one_torch_thread():
-        runs = [run_rollout(clip, steps=2, out_dir=tmp_path / name, samples=3, temperature=1.5, seed=seed,
-                            **{k: models[k] for k in ("captioner", "renderer", "predictor")})
-                for name, seed in (("a", 7), ("b", 7), ("c", 8))]
+        runs = [
+            run_rollout(
+                clip,
+                steps=2,
+                out_dir=tmp_path / name,
+                samples=3,
+                temperature=1.5,
+                seed=seed,
+                **{k: models[k] for k in ("captioner", "renderer", "predictor")},
+            )
+            for name, seed in (("a", 7), ("b", 7), ("c", 8))
+        ]
     a, b, c = (r.predicted_sentences for r in runs)
     assert len(a) == 3 and a == b, "same seed, same futures"
     assert a != c
@@ -110,7 +135,9 @@ def test_window_left_pads_short_clips_and_counts_unknown_words(models):
 def test_caption_of_only_unknown_words_is_a_documented_warning(models, clip, tmp_path, monkeypatch):
     monkeypatch.setattr(rollout_module, "load_captioner", lambda *a: lambda images: ["zebra quokka"] * len(images))
     with one_torch_thread():
-        result = run_rollout(clip, steps=1, out_dir=tmp_path / "run", **{k: models[k] for k in ("captioner", "renderer", "predictor")})
+        result = run_rollout(
+            clip, steps=1, out_dir=tmp_path / "run", **{k: models[k] for k in ("captioner", "renderer", "predictor")}
+        )
     assert result.record["oov"]["rate"] == 1.0
     assert any("outside the predictor's vocabulary" in w for w in result.record["warnings"])
 
@@ -136,7 +163,9 @@ def test_bad_videos_give_a_clear_error_and_no_run_folder(models, tmp_path, capsy
 def test_one_frame_clip_predicts_from_one_state(models, tmp_path):
     video = write_test_clip(tmp_path / "one.mp4", seconds=0.1, fps=10)
     with one_torch_thread():
-        result = run_rollout(video, steps=2, out_dir=tmp_path / "run", **{k: models[k] for k in ("captioner", "renderer", "predictor")})
+        result = run_rollout(
+            video, steps=2, out_dir=tmp_path / "run", **{k: models[k] for k in ("captioner", "renderer", "predictor")}
+        )
     assert len(result.record["observed"]) == 1
     assert result.record["window"]["states"][:3] == ["", "", ""]
     assert len(result.predicted_sentences[0]) == 2
@@ -175,7 +204,9 @@ def test_interrupted_run_leaves_no_half_written_folder(models, clip, tmp_path, m
 
     monkeypatch.setattr(rollout_module, "load_renderer", broken_renderer)
     with pytest.raises(KeyboardInterrupt), one_torch_thread():
-        run_rollout(clip, steps=1, out_dir=tmp_path / "run", **{k: models[k] for k in ("captioner", "renderer", "predictor")})
+        run_rollout(
+            clip, steps=1, out_dir=tmp_path / "run", **{k: models[k] for k in ("captioner", "renderer", "predictor")}
+        )
     assert list(tmp_path.iterdir()) == []
 
 

@@ -1,4 +1,5 @@
 """`python -m pipeline.bench` on a small clip: every stage timed, shares that add up, memory reported."""
+
 import json
 
 import pytest
@@ -15,11 +16,25 @@ def test_bench_times_every_stage_and_the_shares_add_up(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert code == 0, printed
     result = json.loads(out.read_text())
-    assert {"preset", "predictor", "clip", "steps", "torch_threads", "observed_frames", "predicted_frames", "stages",
-            "rollout_s", "load_models_s", "predictor_share_pct", "run_wall_s", "memory_mib"} <= set(result)
+    assert {
+        "preset",
+        "predictor",
+        "clip",
+        "steps",
+        "torch_threads",
+        "observed_frames",
+        "predicted_frames",
+        "stages",
+        "rollout_s",
+        "load_models_s",
+        "predictor_share_pct",
+        "run_wall_s",
+        "memory_mib",
+    } <= set(result)
     assert result["preset"] == "tiny" and result["clip"]["width"] == 160 and result["clip"]["height"] == 96
-    assert ("random CPU-sized 4-tensor model" in result["predictor"]
-            or result["predictor"].startswith("shipped checkpoint"))
+    assert "random CPU-sized 4-tensor model" in result["predictor"] or result["predictor"].startswith(
+        "shipped checkpoint"
+    )
     assert result["observed_frames"] == 2 and result["predicted_frames"] == 2  # 2 s at 1 s intervals; 2 steps
     assert list(result["stages"]) == list(bench.STAGES)
     frames = {"observed": 2, "predicted": 2, "written": 4}

@@ -1,5 +1,6 @@
 """Bounded work in the rollout: documented caps, a progress report per rendered state, a storyboard of
 bounded size, and SIGTERM cleaning up like Ctrl-C."""
+
 import os
 import signal
 
@@ -10,19 +11,29 @@ from pipeline.rollout import MAX_FRAMES, MAX_SAMPLES, MAX_SEED, MAX_STEPS, main,
 from tests.model_factories import one_torch_thread
 
 
-
-
 def model_args(parts):
     return [x for k in ("captioner", "renderer", "predictor") for x in (f"--{k}", parts[k])]
 
 
-@pytest.mark.parametrize("flag, cap", [("--steps", MAX_STEPS), ("--samples", MAX_SAMPLES), ("--max-frames", MAX_FRAMES),
-                                       ("--seed", MAX_SEED)])
+@pytest.mark.parametrize(
+    "flag, cap",
+    [("--steps", MAX_STEPS), ("--samples", MAX_SAMPLES), ("--max-frames", MAX_FRAMES), ("--seed", MAX_SEED)],
+)
 def test_settings_above_their_cap_are_refused_before_any_work(parts, tmp_path, capsys, monkeypatch, flag, cap):
     called = []
     monkeypatch.setattr(rollout_module, "sample_frames", lambda *a, **k: called.append(1))
-    code = main([str(parts["clip"]), flag, str(cap + 1), "--temperature", "1", "--out", str(tmp_path / "run"),
-                 *model_args(parts)])
+    code = main(
+        [
+            str(parts["clip"]),
+            flag,
+            str(cap + 1),
+            "--temperature",
+            "1",
+            "--out",
+            str(tmp_path / "run"),
+            *model_args(parts),
+        ]
+    )
     err = capsys.readouterr().err
     low = 0 if flag == "--seed" else 1
     assert code == 2 and err == f"error: {flag} must be between {low} and {cap}, got {cap + 1}\n"
@@ -32,10 +43,18 @@ def test_settings_above_their_cap_are_refused_before_any_work(parts, tmp_path, c
 def test_rendering_reports_progress_after_every_state(parts, tmp_path):
     seen = []
     with one_torch_thread():
-        result = run_rollout(parts["clip"], steps=2, samples=2, temperature=1.0, out_dir=tmp_path / "run",
-                             progress=lambda fraction, message: seen.append(message),
-                             **{k: parts[k] for k in ("captioner", "renderer", "predictor")})
-    assert [m for m in seen if m.startswith("rendering")] == [f"rendering predicted state {i} of 4" for i in range(1, 5)]
+        result = run_rollout(
+            parts["clip"],
+            steps=2,
+            samples=2,
+            temperature=1.0,
+            out_dir=tmp_path / "run",
+            progress=lambda fraction, message: seen.append(message),
+            **{k: parts[k] for k in ("captioner", "renderer", "predictor")},
+        )
+    assert [m for m in seen if m.startswith("rendering")] == [
+        f"rendering predicted state {i} of 4" for i in range(1, 5)
+    ]
     assert [len(images) for images in result.rendered] == [2, 2]
 
 

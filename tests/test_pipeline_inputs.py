@@ -1,6 +1,7 @@
 """Unusual and hostile inputs to `python -m pipeline.rollout`: each gives a complete run with a documented
 result (frames downscaled or thinned, a warning in rollout.json) or a one-line error, never a traceback and
 never a half-written run folder.  Tiny local models of the real architectures, built once for the module."""
+
 import json
 
 import imageio.v3 as iio
@@ -16,8 +17,14 @@ from tests.model_factories import make_tiny_blip, make_tiny_predictor, make_tiny
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     with one_torch_thread():
-        return ["--captioner", str(make_tiny_blip(root / "blip")), "--renderer", str(make_tiny_sd(root / "sd")),
-                "--predictor", str(make_tiny_predictor(root / "predictor", d_x=4, d_t=2, n_heads=1, n_layers=1))]
+        return [
+            "--captioner",
+            str(make_tiny_blip(root / "blip")),
+            "--renderer",
+            str(make_tiny_sd(root / "sd")),
+            "--predictor",
+            str(make_tiny_predictor(root / "predictor", d_x=4, d_t=2, n_heads=1, n_layers=1)),
+        ]
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +61,9 @@ def test_4k_clip_is_downscaled_and_runs(models, tmp_path, capsys):
 
 def test_hour_long_clip_is_thinned_to_max_frames_with_a_warning(models, tmp_path, capsys):
     video = write_test_clip(tmp_path / "hour.mp4", seconds=3600, fps=1)  # a real hour, at 1 fps to stay small
-    code, out, printed, err = run_cli(video, ["--interval", "1", "--max-frames", "8", "--steps", "1"],
-                                      models, tmp_path, capsys)
+    code, out, printed, err = run_cli(
+        video, ["--interval", "1", "--max-frames", "8", "--steps", "1"], models, tmp_path, capsys
+    )
     assert code == 0, err
     record = json.loads((out / "rollout.json").read_text())
     indices = [o["frame_index"] for o in record["observed"]]
@@ -90,17 +98,20 @@ def test_frames_option_takes_evenly_spaced_frames(models, clip, tmp_path, capsys
     assert record["sampling"]["num_frames"] == 3 and record["warnings"] == []
 
 
-@pytest.mark.parametrize("options, message", [
-    (["--steps", "0"], "--steps must be between 1 and 64, got 0"),
-    (["--samples", "0"], "--samples must be between 1 and 16, got 0"),
-    (["--frames", "0"], "--frames must be at least 1, got 0"),
-    (["--max-frames", "0"], "--max-frames must be between 1 and 256, got 0"),
-    (["--interval", "0"], "--interval must be a positive number of seconds, got 0.0"),
-    (["--interval", "nan"], "--interval must be a positive number of seconds, got nan"),
-    (["--temperature", "-1"], "--temperature must be 0 (greedy) or positive, got -1.0"),
-    (["--temperature", "1", "--top-k", "0"], "--top-k must be at least 1, got 0"),
-    (["--fps", "0"], "--fps must be a positive number, got 0.0"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--steps", "0"], "--steps must be between 1 and 64, got 0"),
+        (["--samples", "0"], "--samples must be between 1 and 16, got 0"),
+        (["--frames", "0"], "--frames must be at least 1, got 0"),
+        (["--max-frames", "0"], "--max-frames must be between 1 and 256, got 0"),
+        (["--interval", "0"], "--interval must be a positive number of seconds, got 0.0"),
+        (["--interval", "nan"], "--interval must be a positive number of seconds, got nan"),
+        (["--temperature", "-1"], "--temperature must be 0 (greedy) or positive, got -1.0"),
+        (["--temperature", "1", "--top-k", "0"], "--top-k must be at least 1, got 0"),
+        (["--fps", "0"], "--fps must be a positive number, got 0.0"),
+    ],
+)
 def test_bad_settings_are_refused_before_any_work(models, clip, tmp_path, capsys, monkeypatch, options, message):
     called = []
     monkeypatch.setattr(rollout_module, "sample_frames", lambda *a, **k: called.append(1))

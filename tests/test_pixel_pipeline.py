@@ -5,19 +5,46 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from pipeline.pack.train_renderer import diffusion_loss, main, motion_mask, save_pipeline, to_model_range
 from renderers.pixel_pipeline import PixelPipelineConfig, PixelTextToImagePipeline, build_pixel_pipeline
 from renderers.text_to_image import DiffusersRenderer
-from renderers.train_renderer import diffusion_loss, main, motion_mask, save_pipeline, to_model_range
 from tests.model_factories import one_torch_thread
-from world_model.synthetic_world import generate
+from world_model.data.synthetic.world import generate
 
 CLASS_PATH = "renderers.pixel_pipeline:PixelTextToImagePipeline"
 SENTENCES = ["the small red ball falls toward the floor.", "the elevator closes its doors on floor two."]
-TINY = PixelPipelineConfig(patch_size=2, strip_frames=3, scale_shift=True, block_out_channels=(8, 16), head_channels=8,
-                           text_dim=16, text_layers=1, text_heads=2, num_inference_steps=2, guidance_scale=2.0)
-TINY_FLAGS = ["--patch-size", "2", "--strip-frames", "3", "--scale-shift", "--block-out-channels", "8", "16",
-              "--head-channels", "8", "--text-dim", "16", "--text-layers", "1", "--text-heads", "2",
-              "--num-inference-steps", "2"]
+TINY = PixelPipelineConfig(
+    patch_size=2,
+    strip_frames=3,
+    scale_shift=True,
+    block_out_channels=(8, 16),
+    head_channels=8,
+    text_dim=16,
+    text_layers=1,
+    text_heads=2,
+    num_inference_steps=2,
+    guidance_scale=2.0,
+)
+TINY_FLAGS = [
+    "--patch-size",
+    "2",
+    "--strip-frames",
+    "3",
+    "--scale-shift",
+    "--block-out-channels",
+    "8",
+    "16",
+    "--head-channels",
+    "8",
+    "--text-dim",
+    "16",
+    "--text-layers",
+    "1",
+    "--text-heads",
+    "2",
+    "--num-inference-steps",
+    "2",
+]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -105,8 +132,11 @@ def test_tokenize_wraps_words_in_bos_eos_and_pads(pipe):
     tok = pipe.tokenizer
     ids, mask = tokens["input_ids"], tokens["attention_mask"]
     assert ids.shape == (3, tok.model_max_length)
-    assert ids[0, :6].tolist() == [tok.bos_token_id, *tok.convert_tokens_to_ids(["the", "ball", "falls", "."]),
-                                   tok.eos_token_id]
+    assert ids[0, :6].tolist() == [
+        tok.bos_token_id,
+        *tok.convert_tokens_to_ids(["the", "ball", "falls", "."]),
+        tok.eos_token_id,
+    ]
     assert mask[0].sum() == 6 and (ids[0, 6:] == tok.pad_token_id).all()
     assert ids[1, :3].tolist() == [tok.bos_token_id, tok.eos_token_id, tok.pad_token_id]  # the unconditional input
     assert ids[2, 2] == tok.unk_token_id
@@ -165,8 +195,9 @@ def test_motion_weight_raises_the_loss_only_where_the_strip_moves():
 
     def loss(strips, weight):
         with torch.no_grad():
-            return diffusion_loss(pipe, to_model_range(strips), SENTENCES, torch.Generator().manual_seed(0),
-                                  motion_weight=weight).item()
+            return diffusion_loss(
+                pipe, to_model_range(strips), SENTENCES, torch.Generator().manual_seed(0), motion_weight=weight
+            ).item()
 
     assert loss(still, 4.0) == pytest.approx(loss(still, 0.0))
     assert loss(moving, 4.0) > 1.05 * loss(moving, 0.0)
@@ -182,8 +213,25 @@ def test_training_command_saves_a_loadable_pipeline(tmp_path):
     generate(2, seed=0, out_dir=tmp_path / "world", size=48, seconds=2)
     generate(1, seed=0, out_dir=tmp_path / "world", split="heldout", size=48, seconds=2)
     out = tmp_path / "run"
-    main(["--data", str(tmp_path / "world"), "--out", str(out), "--max-steps", "6", "--batch-size", "2",
-          "--warmup-steps", "2", "--log-every", "2", "--motion-weight", "2", *TINY_FLAGS])
+    main(
+        [
+            "--data",
+            str(tmp_path / "world"),
+            "--out",
+            str(out),
+            "--max-steps",
+            "6",
+            "--batch-size",
+            "2",
+            "--warmup-steps",
+            "2",
+            "--log-every",
+            "2",
+            "--motion-weight",
+            "2",
+            *TINY_FLAGS,
+        ]
+    )
     log = json.loads((out / "train_log.json").read_text())
     assert log["steps"] == 6 and log["strips"] > 0 and len(log["loss"]) == 3
     assert all(np.isfinite(entry["loss"]) for entry in log["loss"])

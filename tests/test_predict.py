@@ -1,18 +1,21 @@
 """The text-level prediction command on a tiny checkpoint saved by the test."""
+
 import json
 
 import torch
 
-from world_model.decoding import write_known_sentences
-from world_model.four_tensor import FourTensorConfig, FourTensorModel
-from world_model.predict import main, predict
-from world_model.vocab import Vocabulary
+from world_model.generation.predict import main, predict
+from world_model.models.decoding import write_known_sentences
+from world_model.models.four_tensor import FourTensorConfig, FourTensorModel
+from world_model.text.vocab import Vocabulary
 
 
 def tiny_checkpoint(folder):
     vocab = Vocabulary.build(["tom was hungry .", "he went to the kitchen .", "he ate a sandwich !"])
     torch.manual_seed(0)
-    FourTensorModel(FourTensorConfig(vocab_size=len(vocab), d_x=4, d_t=2, n_heads=1, n_layers=1)).save_pretrained(folder, vocab=vocab)
+    FourTensorModel(FourTensorConfig(vocab_size=len(vocab), d_x=4, d_t=2, n_heads=1, n_layers=1)).save_pretrained(
+        folder, vocab=vocab
+    )
     return folder
 
 
@@ -49,13 +52,16 @@ def test_known_sentences_in_the_checkpoint_restrict_every_step(tmp_path, capsys)
 
 
 def test_empty_sentences_and_unbounded_steps_are_refused_before_loading(tmp_path, capsys):
-    from world_model.predict import MAX_SAMPLES, MAX_STEPS
+    from world_model.generation.predict import MAX_SAMPLES, MAX_STEPS
 
     missing = str(tmp_path / "never-read")  # checked after the request: a refusal must not need it
-    for args, says in ((["", "--steps", "1"], "sentence 1 is empty"), (["Tom.", " ,, "], "sentence 2 is empty"),
-                       (["Tom.", "--steps", str(MAX_STEPS + 1)], f"between 1 and {MAX_STEPS}"),
-                       (["Tom.", "--steps", "0"], f"between 1 and {MAX_STEPS}"),
-                       (["Tom.", "--samples", str(MAX_SAMPLES + 1)], f"between 1 and {MAX_SAMPLES}")):
+    for args, says in (
+        (["", "--steps", "1"], "sentence 1 is empty"),
+        (["Tom.", " ,, "], "sentence 2 is empty"),
+        (["Tom.", "--steps", str(MAX_STEPS + 1)], f"between 1 and {MAX_STEPS}"),
+        (["Tom.", "--steps", "0"], f"between 1 and {MAX_STEPS}"),
+        (["Tom.", "--samples", str(MAX_SAMPLES + 1)], f"between 1 and {MAX_SAMPLES}"),
+    ):
         assert main(["--checkpoint", missing, *args]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and says in err and err.count("\n") == 1

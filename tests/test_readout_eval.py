@@ -1,14 +1,15 @@
-"""The readability measures of world_model.readout_eval, by hand, and the command on a tiny ROCStories folder."""
+"""The readability measures of world_model.evaluation.readout_eval, by hand, and the command on a tiny ROCStories folder."""
+
 import json
 
 import torch
 
 from tests.test_rocstories import make_folder
-from world_model.four_tensor import FourTensorConfig, FourTensorModel
-from world_model.readout_eval import attested, main, repeat_share, well_formed, word_f1
-from world_model.rocstories import build_vocabulary, load_corpus
-from world_model.sentence_bank import write_rocstories_bank
-from world_model.vocab import tokenize
+from world_model.data.rocstories import build_vocabulary, load_corpus
+from world_model.evaluation.readout_eval import attested, main, repeat_share, well_formed, word_f1
+from world_model.generation.sentence_bank import write_rocstories_bank
+from world_model.models.four_tensor import FourTensorConfig, FourTensorModel
+from world_model.text.vocab import tokenize
 
 
 def test_well_formed_needs_attested_ngrams_and_final_punctuation():
@@ -38,10 +39,24 @@ def test_the_command_writes_results_with_ten_examples_at_most(tmp_path):
     vocab = build_vocabulary(load_corpus(data))
     torch.manual_seed(0)
     FourTensorModel(FourTensorConfig(vocab_size=len(vocab), d_x=4, d_t=2, n_heads=1, n_layers=1)).save_pretrained(
-        tmp_path / "ckpt", vocab=vocab)
+        tmp_path / "ckpt", vocab=vocab
+    )
     write_rocstories_bank(tmp_path / "ckpt", data)
-    assert main(["--checkpoint", str(tmp_path / "ckpt"), "--data", str(data), "--out", str(tmp_path / "out"),
-                 "--rollout-contexts", "2"]) == 0
+    assert (
+        main(
+            [
+                "--checkpoint",
+                str(tmp_path / "ckpt"),
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / "out"),
+                "--rollout-contexts",
+                "2",
+            ]
+        )
+        == 0
+    )
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     bank = next(r for name, r in results["results"].items() if name.startswith("bank") and "guard on" in name)
     assert bank["well_formed_3grams"] == 1.0 and bank["in_bank"] == 0  # training sentences; new endings

@@ -1,4 +1,5 @@
 """`python -m pipeline.bench --real-size`: the hub models' architectures from the configs kept in the repo."""
+
 import json
 
 import pytest
@@ -24,21 +25,58 @@ def test_measure_times_both_models_on_small_configs(tmp_path, monkeypatch):
     small = {
         "blip-image-captioning-base.json": {
             "projection_dim": 16,
-            "text_config": {"vocab_size": 64, "hidden_size": 16, "encoder_hidden_size": 16, "intermediate_size": 32,
-                            "num_attention_heads": 2, "num_hidden_layers": 1, "bos_token_id": 1, "pad_token_id": 0,
-                            "sep_token_id": 2, "eos_token_id": 2},
-            "vision_config": {"image_size": 384, "patch_size": 64, "hidden_size": 16, "intermediate_size": 32,
-                              "num_attention_heads": 2, "num_hidden_layers": 1}},
+            "text_config": {
+                "vocab_size": 64,
+                "hidden_size": 16,
+                "encoder_hidden_size": 16,
+                "intermediate_size": 32,
+                "num_attention_heads": 2,
+                "num_hidden_layers": 1,
+                "bos_token_id": 1,
+                "pad_token_id": 0,
+                "sep_token_id": 2,
+                "eos_token_id": 2,
+            },
+            "vision_config": {
+                "image_size": 384,
+                "patch_size": 64,
+                "hidden_size": 16,
+                "intermediate_size": 32,
+                "num_attention_heads": 2,
+                "num_hidden_layers": 1,
+            },
+        },
         "sd-turbo.json": {
-            "height": 64, "width": 64, "num_inference_steps": 2, "guidance_scale": 0.0,
-            "unet": {"sample_size": 8, "block_out_channels": [32, 64], "layers_per_block": 1, "cross_attention_dim": 16,
-                     "attention_head_dim": 4, "norm_num_groups": 8,
-                     "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"],
-                     "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"]},
-            "text_encoder": {"vocab_size": 64, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2,
-                             "num_hidden_layers": 1, "max_position_embeddings": 77},
-            "vae": {"block_out_channels": [8, 8, 8, 8], "norm_num_groups": 8, "layers_per_block": 1,
-                    "down_block_types": ["DownEncoderBlock2D"] * 4, "up_block_types": ["UpDecoderBlock2D"] * 4}},
+            "height": 64,
+            "width": 64,
+            "num_inference_steps": 2,
+            "guidance_scale": 0.0,
+            "unet": {
+                "sample_size": 8,
+                "block_out_channels": [32, 64],
+                "layers_per_block": 1,
+                "cross_attention_dim": 16,
+                "attention_head_dim": 4,
+                "norm_num_groups": 8,
+                "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"],
+                "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"],
+            },
+            "text_encoder": {
+                "vocab_size": 64,
+                "hidden_size": 16,
+                "intermediate_size": 32,
+                "num_attention_heads": 2,
+                "num_hidden_layers": 1,
+                "max_position_embeddings": 77,
+            },
+            "vae": {
+                "block_out_channels": [8, 8, 8, 8],
+                "norm_num_groups": 8,
+                "layers_per_block": 1,
+                "down_block_types": ["DownEncoderBlock2D"] * 4,
+                "up_block_types": ["UpDecoderBlock2D"] * 4,
+            },
+        },
     }
     for name, config in small.items():
         (tmp_path / name).write_text(json.dumps(config))

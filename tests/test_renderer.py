@@ -3,9 +3,9 @@ import pytest
 import torch
 from huggingface_hub import constants as hub_constants
 
-from encoders.captioner import ModelLoadError
 from renderers.text_to_image import KNOWN_DEFAULTS, DiffusersRenderer
 from tests.model_factories import make_tiny_pixel_pipeline, make_tiny_sd, one_torch_thread, tiny_pixel_pipeline_class
+from world_model.utils.hub import ModelLoadError
 
 PROMPTS = ["a red dog", "the car on the street"]
 
@@ -74,9 +74,7 @@ def test_image_to_image_starts_from_the_init_images(renderer):
 
 
 def test_one_step_image_to_image_still_denoises_and_is_resized(sd_folder):
-    turbo = DiffusersRenderer.from_pretrained(
-        sd_folder, num_inference_steps=1, guidance_scale=0.0, height=32, width=32
-    )
+    turbo = DiffusersRenderer.from_pretrained(sd_folder, num_inference_steps=1, guidance_scale=0.0, height=32, width=32)
     init = np.zeros((48, 64, 3), np.uint8)
     image = turbo(["a dog"], init_images=[init])[0]
     assert image.shape == (32, 32, 3) and image.std() > 1

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from world_model.rocstories import (
+from world_model.data.rocstories import (
     CLOZE_COLUMNS,
     TRAIN_COLUMNS,
     DataError,
@@ -24,7 +24,7 @@ from world_model.rocstories import (
     read_cloze_csv,
     read_training_csv,
 )
-from world_model.vocab import PAD_ID
+from world_model.text.vocab import PAD_ID
 
 TRAIN_NAME = "ROCStories__spring2016 - ROCStories_spring2016.csv"
 WINTER_NAME = "ROCStories_winter2017 - ROCStories_winter2017.csv"
@@ -142,7 +142,9 @@ def test_find_split_files_errors_name_folder_and_expected_files(tmp_path):
     write_csv(tmp_path / VAL_NAME, CLOZE_COLUMNS, CLOZE_ROWS)
     with pytest.raises(DataError, match="no train file"):
         find_split_files(tmp_path)
-    assert [p.name for p in find_split_files(tmp_path, ("validation",))["validation"]] == [VAL_NAME]  # only what is asked for
+    assert [p.name for p in find_split_files(tmp_path, ("validation",))["validation"]] == [
+        VAL_NAME
+    ]  # only what is asked for
 
 
 def test_load_corpus_drops_duplicate_training_ids(tmp_path, caplog):

@@ -1,9 +1,10 @@
 """Mean ± sd and paired 95% intervals over seeds, against values worked out by hand."""
+
 import math
 
 import pytest
 
-from world_model.seed_stats import mean_sd, paired_difference, paired_rows, t_975
+from world_model.evaluation.seed_stats import mean_sd, paired_difference, paired_rows, t_975
 
 
 def test_mean_and_sample_sd():
@@ -30,8 +31,10 @@ def test_t_quantiles():
 
 
 def test_paired_rows_name_the_comparisons():
-    runs = [{"pair": "p", "model_type": m, "variant": v, "seed": s, "val_last_ce": ce}
-            for m, v, s, ce in [("four_tensor", None, 0, 6.0), ("baseline", None, 0, 6.5), ("four_tensor", "copy", 0, 5.5)]]
+    runs = [
+        {"pair": "p", "model_type": m, "variant": v, "seed": s, "val_last_ce": ce}
+        for m, v, s, ce in [("four_tensor", None, 0, 6.0), ("baseline", None, 0, 6.5), ("four_tensor", "copy", 0, 5.5)]
+    ]
     rows = {r["comparison"]: r for r in paired_rows(runs)}
     assert rows["baseline - 4-tensor"]["differences"] == [0.5]
     assert rows["four_tensor reference - copy"]["differences"] == [0.5]

@@ -1,6 +1,7 @@
-"""The sentence-bank readout (world_model.sentence_bank): whole bank sentences scored by a tiny model whose
+"""The sentence-bank readout (world_model.generation.sentence_bank): whole bank sentences scored by a tiny model whose
 per-slot distributions are set by hand, names of the window put in, the repeat guard, the bank file a predictor
-folder carries, and the readout choice of `world_model.predict`."""
+folder carries, and the readout choice of `world_model.generation.predict`."""
+
 import gzip
 
 import pytest
@@ -9,16 +10,33 @@ import torch
 from tests.test_baseline import V as BASELINE_V
 from tests.test_baseline import make_model as make_baseline
 from tests.test_predict import tiny_checkpoint
-from world_model.decoding import slot_log_likelihood, write_known_sentences
-from world_model.four_tensor import FourTensorConfig, FourTensorModel
-from world_model.predict import main, predict
-from world_model.sentence_bank import (BANK_NAME, SentenceBank, bank_rollout, bank_scores, find_names, load_bank,
-                                       resolve_readout, save_bank, slot_log_probs)
-from world_model.vocab import Vocabulary
+from world_model.generation.predict import main, predict
+from world_model.generation.sentence_bank import (
+    BANK_NAME,
+    SentenceBank,
+    bank_rollout,
+    bank_scores,
+    find_names,
+    load_bank,
+    resolve_readout,
+    save_bank,
+)
+from world_model.models.decoding import slot_log_likelihood, write_known_sentences
+from world_model.models.four_tensor import FourTensorConfig, FourTensorModel
+from world_model.text.vocab import Vocabulary
 
-STORY = ["Tom was hungry.", "He went to the kitchen.", "He ate a sandwich.", "Anna went to the park.",
-         "Then Anna went home.", "Anna's dog barked.", "Tom was full.", "He was happy.", "Later Tom went home.",
-         "Tom's dog barked at Anna."]
+STORY = [
+    "Tom was hungry.",
+    "He went to the kitchen.",
+    "He ate a sandwich.",
+    "Anna went to the park.",
+    "Then Anna went home.",
+    "Anna's dog barked.",
+    "Tom was full.",
+    "He was happy.",
+    "Later Tom went home.",
+    "Tom's dog barked at Anna.",
+]
 VOCAB = Vocabulary.build(STORY)
 N = 8
 
@@ -71,11 +89,21 @@ def test_bank_picks_the_likeliest_whole_sentence_where_the_slot_readout_mixes_tw
 
 def test_length_power_decides_between_a_short_and_a_long_sentence():
     bank = bank_of("he was happy.", "he went to the kitchen.")
-    model = model_preferring([{"he": 0.9}, {"was": 0.45, "went": 0.45}, {"happy": 0.45, "to": 0.45},
-                              {".": 0.45, "the": 0.45}, {"kitchen": 0.9}, {".": 0.9}])
+    model = model_preferring(
+        [
+            {"he": 0.9},
+            {"was": 0.45, "went": 0.45},
+            {"happy": 0.45, "to": 0.45},
+            {".": 0.45, "the": 0.45},
+            {"kitchen": 0.9},
+            {".": 0.9},
+        ]
+    )
     # short: .9 * .45^3 = 0.082 (mean log -0.63); long: .9 * .45^3 * .9 * .9 = 0.066 (mean log -0.45).
     assert decoded(bank_rollout(model, window_of("Tom was hungry."), 1, bank, length_power=0.0)) == ["he was happy."]
-    assert decoded(bank_rollout(model, window_of("Tom was hungry."), 1, bank, length_power=1.0)) == ["he went to the kitchen."]
+    assert decoded(bank_rollout(model, window_of("Tom was hungry."), 1, bank, length_power=1.0)) == [
+        "he went to the kitchen."
+    ]
 
 
 def test_names_of_the_window_replace_the_bank_sentence_names():
@@ -102,8 +130,16 @@ def test_scores_with_names_put_in_equal_the_slot_log_likelihood_of_the_substitut
 
 
 def test_repeat_guard_skips_sentences_already_in_the_window():
-    model = model_preferring([{"he": 0.9}, {"was": 0.5, "went": 0.3}, {"happy": 0.5, "to": 0.3},
-                              {".": 0.5, "the": 0.3}, {"kitchen": 0.3}, {".": 0.3}])
+    model = model_preferring(
+        [
+            {"he": 0.9},
+            {"was": 0.5, "went": 0.3},
+            {"happy": 0.5, "to": 0.3},
+            {".": 0.5, "the": 0.3},
+            {"kitchen": 0.3},
+            {".": 0.3},
+        ]
+    )
     bank = bank_of("he was happy.", "he went to the kitchen.")
     window = window_of("Tom was hungry.", "He was happy.")
     assert decoded(bank_rollout(model, window, 1, bank, guard=False)) == ["he was happy."]
@@ -118,7 +154,9 @@ def test_sampling_from_the_bank_is_seeded_and_returns_bank_sentences():
     model = model_preferring(DRAW)
     bank = bank_of("he was happy.", "tom was full.", "he went to the kitchen.")
     window = window_of("Tom was hungry.").expand(16, 4, N)
-    draw = lambda seed: bank_rollout(model, window, 2, bank, temperature=3.0, generator=torch.Generator().manual_seed(seed))
+    draw = lambda seed: bank_rollout(
+        model, window, 2, bank, temperature=3.0, generator=torch.Generator().manual_seed(seed)
+    )
     assert torch.equal(draw(1), draw(1))
     said = set(decoded(draw(1)))
     assert said <= {"he was happy.", "tom was full.", "he went to the kitchen."} and len(said) > 1
@@ -135,8 +173,17 @@ def test_the_flat_baseline_reads_off_the_bank_through_its_own_sentence_scores():
 
 
 def test_find_names_keeps_people_and_leaves_places_and_days():
-    text = ["Tom went to Boston on Monday.", "Then Tom was tired.", "Later Tom walked home.", "On Monday Tom ate.",
-            "We saw Tom.", "It rained in Boston.", "We liked Boston.", "Then Monday came.", "He left Monday."]
+    text = [
+        "Tom went to Boston on Monday.",
+        "Then Tom was tired.",
+        "Later Tom walked home.",
+        "On Monday Tom ate.",
+        "We saw Tom.",
+        "It rained in Boston.",
+        "We liked Boston.",
+        "Then Monday came.",
+        "He left Monday.",
+    ]
     assert find_names(text) == ["tom"]
 
 
@@ -152,7 +199,9 @@ def test_bank_file_round_trip_and_readout_choice(tmp_path):
     assert resolve_readout(ckpt, None, "auto", vocab, 16).name == "bank (2 sentences)"
     assert resolve_readout(ckpt, None, "tokens", vocab, 16).kind == "tokens"
     write_known_sentences(ckpt, ["tom was hungry ."])  # a closed set, where a folder has one, comes first
-    assert resolve_readout(ckpt, torch.tensor([vocab.encode("tom was hungry .")]), "auto", vocab, 16).kind == "sentences"
+    assert (
+        resolve_readout(ckpt, torch.tensor([vocab.encode("tom was hungry .")]), "auto", vocab, 16).kind == "sentences"
+    )
 
 
 def decoded_with(vocab, rows):
@@ -200,10 +249,14 @@ def test_the_video_rollout_reads_a_predictor_bank_by_default(tmp_path):
         vocab = Vocabulary.build([*bank, "a ball falls down."])
         torch.manual_seed(0)
         FourTensorModel(FourTensorConfig(vocab_size=len(vocab), d_x=4, d_t=2, n_heads=1, n_layers=1)).save_pretrained(
-            tmp_path / "predictor", vocab=vocab)
+            tmp_path / "predictor", vocab=vocab
+        )
         save_bank(tmp_path / "predictor", bank, [], source="test")
-        parts = {"captioner": str(make_tiny_blip(tmp_path / "blip")), "renderer": str(make_tiny_sd(tmp_path / "sd")),
-                 "predictor": str(tmp_path / "predictor")}
+        parts = {
+            "captioner": str(make_tiny_blip(tmp_path / "blip")),
+            "renderer": str(make_tiny_sd(tmp_path / "sd")),
+            "predictor": str(tmp_path / "predictor"),
+        }
         clip = write_test_clip(tmp_path / "clip.mp4", seconds=2.0, fps=10)
         result = run_rollout(clip, steps=3, out_dir=tmp_path / "run", **parts)
         free = run_rollout(clip, steps=1, out_dir=tmp_path / "free", readout="tokens", **parts)
@@ -214,19 +267,22 @@ def test_the_video_rollout_reads_a_predictor_bank_by_default(tmp_path):
 
 def test_bank_command_writes_the_training_sentences_and_refuses_a_foreign_vocabulary(tmp_path, capsys):
     from tests.test_rocstories import TRAIN_ROWS, make_folder
-    from world_model.rocstories import build_vocabulary, load_corpus
-    from world_model.sentence_bank import main as bank_main
+    from world_model.data.rocstories import build_vocabulary, load_corpus
+    from world_model.generation.sentence_bank import main as bank_main
 
     data = make_folder(tmp_path)
     vocab = build_vocabulary(load_corpus(data))
     FourTensorModel(FourTensorConfig(vocab_size=len(vocab), d_x=4, d_t=2, n_heads=1, n_layers=1)).save_pretrained(
-        tmp_path / "ckpt", vocab=vocab)
+        tmp_path / "ckpt", vocab=vocab
+    )
     assert bank_main(["--data", str(data), "--out", str(tmp_path / "ckpt")]) == 0
     bank = load_bank(tmp_path / "ckpt", vocab, 16)
     assert sorted(vocab.decode(row) for row in bank.candidates) == sorted(
-        vocab.decode(vocab.encode(s)) for row in TRAIN_ROWS for s in row[2:])
+        vocab.decode(vocab.encode(s)) for row in TRAIN_ROWS for s in row[2:]
+    )
     small = Vocabulary.build(TRAIN_ROWS[0][2:])  # no "ann", "cat", ...
     FourTensorModel(FourTensorConfig(vocab_size=len(small), d_x=4, d_t=2, n_heads=1, n_layers=1)).save_pretrained(
-        tmp_path / "foreign", vocab=small)
+        tmp_path / "foreign", vocab=small
+    )
     assert bank_main(["--data", str(data), "--out", str(tmp_path / "foreign")]) == 2
     assert "'ann'" in capsys.readouterr().err and not (tmp_path / "foreign" / BANK_NAME).exists()

@@ -6,15 +6,24 @@ import pytest
 import torch
 
 from tests.test_train import TEST_NAME, VAL_NAME, write_csv
-from world_model import floors as fl
-from world_model import story_cloze as sc
-from world_model.models import build_model
-from world_model.rocstories import (CLOZE_COLUMNS, DataError, cloze_half, encode_cloze, load_cloze_halves, read_cloze_csv,
-                                    read_cloze_endings)
-from world_model.vocab import Vocabulary
+from world_model.data.rocstories import (
+    CLOZE_COLUMNS,
+    DataError,
+    cloze_half,
+    encode_cloze,
+    load_cloze_halves,
+    read_cloze_csv,
+    read_cloze_endings,
+)
+from world_model.evaluation import floors as fl
+from world_model.evaluation import story_cloze as sc
+from world_model.models.registry import build_model
+from world_model.text.vocab import Vocabulary
 
-ROWS = [["s1", "Tom ran.", "Ann sat.", "Bob ate.", "Sue sang.", "Tom sat home.", "Ann ran fast.", "2"],
-        ["s2", "Bob sat.", "Sue ate.", "Tom sang.", "Ann ran.", "Bob ate cake.", "Sue sat.", "1"]]
+ROWS = [
+    ["s1", "Tom ran.", "Ann sat.", "Bob ate.", "Sue sang.", "Tom sat home.", "Ann ran fast.", "2"],
+    ["s2", "Bob sat.", "Sue ate.", "Tom sang.", "Ann ran.", "Bob ate cake.", "Sue sat.", "1"],
+]
 
 
 @pytest.fixture
@@ -89,7 +98,7 @@ def test_baseline_scores_each_window_with_its_own_endings(data_dir):
     sums, tokens = sc.baseline_scores(model, context, endings)
     with torch.no_grad():
         for s in range(2):  # one window at a time, its endings as shared candidates
-            torch.testing.assert_close(sums[s].float(), model.score_sentences(context[s:s + 1], endings[s])[0])
+            torch.testing.assert_close(sums[s].float(), model.score_sentences(context[s : s + 1], endings[s])[0])
         torch.testing.assert_close(model.score_sentences(context, endings, chunk_rows=1), sums.float())
     assert tokens.tolist() == [[5, 5], [5, 4]]  # [EOS] counts
     with pytest.raises(ValueError, match="need B = 2 windows"):
@@ -104,6 +113,8 @@ def test_story_cloze_reports_every_half(data_dir):
     assert list(result) == ["val", "test"] and result["val"]["stories"] == 2 and result["test"]["stories"] == 1
     for half, items in halves.items():
         context, endings, answer = encode_cloze(items, vocab)
-        assert {k: result[half][k] for k in sc.VARIANTS} == sc.accuracy(*sc.four_tensor_scores(model, context, endings), answer)
+        assert {k: result[half][k] for k in sc.VARIANTS} == sc.accuracy(
+            *sc.four_tensor_scores(model, context, endings), answer
+        )
     with pytest.raises(ValueError, match="cannot score endings"):
         sc.model_scorer(torch.nn.Linear(2, 2))

@@ -9,8 +9,8 @@ import imageio_ffmpeg
 import numpy as np
 import pytest
 
-from world_model import synthetic_world as sw
-from world_model.vocab import tokenize
+from world_model.data.synthetic import world as sw
+from world_model.text.vocab import tokenize
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = dict(seconds=3, fps=4, size=32)
@@ -25,8 +25,9 @@ def scene(kind, seed=0, fps=12, **state):
 
 def first_seed(kind, start=0):
     """The first train episode seed of base seed 0 whose scene type is ``kind``."""
-    return next(sw.episode_seed(0, i) for i in range(start, 1000)
-                if sw.simulate(sw.episode_seed(0, i), seconds=1).kind == kind)
+    return next(
+        sw.episode_seed(0, i) for i in range(start, 1000) if sw.simulate(sw.episode_seed(0, i), seconds=1).kind == kind
+    )
 
 
 def test_same_seed_same_bytes_other_seed_differs(tmp_path):
@@ -41,8 +42,13 @@ def test_splits_never_share_a_seed_and_differ():
     train = {sw.episode_seed(s, i, "train") for s in range(3) for i in range(500)}
     heldout = {sw.episode_seed(s, i, "heldout") for s in range(3) for i in range(500)}
     assert len(train) == len(heldout) == 1500 and not train & heldout
-    pairs = [(sw.simulate(sw.episode_seed(0, i, "train"), seconds=4), sw.simulate(sw.episode_seed(0, i, "heldout"), seconds=4))
-             for i in range(6)]
+    pairs = [
+        (
+            sw.simulate(sw.episode_seed(0, i, "train"), seconds=4),
+            sw.simulate(sw.episode_seed(0, i, "heldout"), seconds=4),
+        )
+        for i in range(6)
+    ]
     assert any(a.sentences != b.sentences or a.scene.attributes() != b.scene.attributes() for a, b in pairs)
     with pytest.raises(ValueError):
         sw.episode_seed(0, 0, "test")
@@ -95,8 +101,10 @@ def test_ball_bounces_lower_and_comes_to_rest():
         kinds = [s.split("ball ")[1] for s in ep.sentences]
         assert kinds[0] == "falls toward the floor." and "bounces off the floor." in kinds
         rest = kinds.index("comes to rest on the floor.")
-        assert set(kinds[rest + 1:]) == {"rests on the floor."} and rest < 7
-        assert math.isclose(ball.impacts[-1][1], max(v for _, v in ball.impacts) * sw.BALL_RESTITUTION ** (len(apexes) - 1))
+        assert set(kinds[rest + 1 :]) == {"rests on the floor."} and rest < 7
+        assert math.isclose(
+            ball.impacts[-1][1], max(v for _, v in ball.impacts) * sw.BALL_RESTITUTION ** (len(apexes) - 1)
+        )
 
 
 def test_box_slides_slower_and_stops_at_the_wall():
@@ -112,7 +120,7 @@ def test_box_slides_slower_and_stops_at_the_wall():
         assert 1 <= hit and ep.sentences[hit].endswith("hits the wall and stops.")
         assert ep.sentences[0].endswith("is pushed toward the wall.")
         assert all(s.endswith("slides toward the wall.") for s in ep.sentences[1:hit])
-        assert all(s.endswith("rests against the wall.") for s in ep.sentences[hit + 1:])
+        assert all(s.endswith("rests against the wall.") for s in ep.sentences[hit + 1 :])
 
 
 def test_elevator_moves_one_floor_per_step_with_doors_shut():
@@ -207,10 +215,13 @@ def brute_force_ceiling(leaves, seconds):
     return sum(per_step) / len(per_step)
 
 
-@pytest.mark.parametrize("state, seconds, expected", [
-    (dict(floor=1, pos=1.0, occupied=False), 4, (0.5 + 1 + 1 / 3) / 3),
-    (dict(floor=2, pos=2.0, occupied=True), 7, None),
-])
+@pytest.mark.parametrize(
+    "state, seconds, expected",
+    [
+        (dict(floor=1, pos=1.0, occupied=False), 4, (0.5 + 1 + 1 / 3) / 3),
+        (dict(floor=2, pos=2.0, occupied=True), 7, None),
+    ],
+)
 def test_ceiling_equals_brute_force_enumeration(state, seconds, expected):
     start = scene("elevator", 0, **state)
     leaves = enumerate_leaves(start, seconds)
@@ -241,17 +252,44 @@ def test_ceiling_is_one_only_without_stochastic_scenes():
 
 
 def test_cli_writes_clips_records_and_summary(tmp_path):
-    args = ["generate", "--episodes", "3", "--seed", "5", "--out", str(tmp_path), "--split", "heldout",
-            "--seconds", "3", "--fps", "4", "--size", "32"]
-    done = subprocess.run([sys.executable, "-m", "world_model.synthetic_world", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    args = [
+        "generate",
+        "--episodes",
+        "3",
+        "--seed",
+        "5",
+        "--out",
+        str(tmp_path),
+        "--split",
+        "heldout",
+        "--seconds",
+        "3",
+        "--fps",
+        "4",
+        "--size",
+        "32",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "world_model.data.synthetic.world", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     split = tmp_path / "heldout"
     assert sorted(p.name for p in split.iterdir()) == [
-        "episode_00000.mp4", "episode_00001.mp4", "episode_00002.mp4", "episodes.jsonl", "summary.json"]
+        "episode_00000.mp4",
+        "episode_00001.mp4",
+        "episode_00002.mp4",
+        "episodes.jsonl",
+        "summary.json",
+    ]
     records = [json.loads(line) for line in (split / "episodes.jsonl").read_text().splitlines()]
     assert [r["id"] for r in records] == ["heldout-00000", "heldout-00001", "heldout-00002"]
-    assert all(r["seed"] % 2 == 1 and r["fps"] == 4 and len(r["sentences"]) == 3 and len(r["next"]) == 2 for r in records)
+    assert all(
+        r["seed"] % 2 == 1 and r["fps"] == 4 and len(r["sentences"]) == 3 and len(r["next"]) == 2 for r in records
+    )
     assert [s["second"] for s in records[0]["sentences"]] == [0, 1, 2]
     frames, _ = imageio_ffmpeg.count_frames_and_secs(str(split / "episode_00000.mp4"))
     assert frames == 12
@@ -300,20 +338,29 @@ def test_k_step_ceilings_by_hand_for_an_empty_car_at_open_doors():
     # three or four (1 each); floor one and three are one second away, four two seconds.
     lift = scene("elevator", 0, floor=2, pos=2.0, occupied=False, phase="board", doors=1.0)
     dists = sw.k_step_distributions(lift, 4)
-    assert dict(dists[0]) == {"a person walks into the elevator on floor two.": sw.P_ENTER,
-                              "the elevator waits on floor two with its doors open.": 1 - sw.P_ENTER}
+    assert dict(dists[0]) == {
+        "a person walks into the elevator on floor two.": sw.P_ENTER,
+        "the elevator waits on floor two with its doors open.": 1 - sw.P_ENTER,
+    }
     assert dict(dists[1]) == {"the elevator closes its doors on floor two.": 1.0}
     down = sw.CALL_WEIGHTS[1] / (sw.CALL_WEIGHTS[1] + sw.CALL_WEIGHTS[3] + sw.CALL_WEIGHTS[4])
     up = (1 - down) / 2
-    assert dict(dists[2]) == pytest.approx({"the elevator goes down and stops at floor one.": down,
-                                            "the elevator goes up and stops at floor three.": up,
-                                            "the elevator goes up to floor three on its way to floor four.": up})
-    assert dict(dists[3]) == pytest.approx({
-        "the elevator opens its doors on floor one with a person inside.": down * sw.P_ENTER,
-        "the empty elevator opens its doors on floor one.": down * (1 - sw.P_ENTER),
-        "the elevator opens its doors on floor three with a person inside.": up * sw.P_ENTER,
-        "the empty elevator opens its doors on floor three.": up * (1 - sw.P_ENTER),
-        "the elevator goes up and stops at floor four.": up})
+    assert dict(dists[2]) == pytest.approx(
+        {
+            "the elevator goes down and stops at floor one.": down,
+            "the elevator goes up and stops at floor three.": up,
+            "the elevator goes up to floor three on its way to floor four.": up,
+        }
+    )
+    assert dict(dists[3]) == pytest.approx(
+        {
+            "the elevator opens its doors on floor one with a person inside.": down * sw.P_ENTER,
+            "the empty elevator opens its doors on floor one.": down * (1 - sw.P_ENTER),
+            "the elevator opens its doors on floor three with a person inside.": up * sw.P_ENTER,
+            "the empty elevator opens its doors on floor three.": up * (1 - sw.P_ENTER),
+            "the elevator goes up and stops at floor four.": up,
+        }
+    )
 
 
 def test_k_step_ceilings_agree_with_the_record_and_are_one_for_deterministic_scenes():

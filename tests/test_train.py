@@ -15,15 +15,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from world_model import train as train_mod
-from world_model.checkpoint import CheckpointError
-from world_model.config_io import ConfigError, load_config, validate_config
-from world_model.evaluate import main as evaluate_main
-from world_model.floors import FLOORS
-from world_model.four_tensor import FourTensorModel
-from world_model.models import MODEL_TYPES, build_model, load_model, model_vocab_size
-from world_model.rocstories import CLOZE_COLUMNS, TRAIN_COLUMNS, DataError
-from world_model.train import (
+from world_model.data.rocstories import CLOZE_COLUMNS, TRAIN_COLUMNS, DataError
+from world_model.evaluation.evaluate import main as evaluate_main
+from world_model.evaluation.floors import FLOORS
+from world_model.models.checkpoint import CheckpointError
+from world_model.models.four_tensor import FourTensorModel
+from world_model.models.registry import MODEL_TYPES, build_model, load_model, model_vocab_size
+from world_model.text.vocab import Vocabulary
+from world_model.training import train as train_mod
+from world_model.training.config import ConfigError, load_config, validate_config
+from world_model.training.train import (
     TrainingError,
     best_epoch_index,
     flatten_optimizer_state,
@@ -32,7 +33,6 @@ from world_model.train import (
     train,
     unflatten_optimizer_state,
 )
-from world_model.vocab import Vocabulary
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_NAME = "ROCStories__spring2016 - ROCStories_spring2016.csv"
@@ -42,8 +42,17 @@ TINY = {
     "model": {"type": "four_tensor", "d_x": 4, "d_t": 2, "n_heads": 1, "n_layers": 1, "dropout": 0.1},
     "training": {"batch_size": 8, "eval_batch_size": 4, "max_epochs": 4, "seed": 1},
 }
-EPOCH_KEYS = {"epoch", "train_loss", "val_window_loss", "val_last_ce", "val_token_accuracy", "val_perplexity",
-              "epoch_seconds", "wall_seconds", "train_windows_per_second"}
+EPOCH_KEYS = {
+    "epoch",
+    "train_loss",
+    "val_window_loss",
+    "val_last_ce",
+    "val_token_accuracy",
+    "val_perplexity",
+    "epoch_seconds",
+    "wall_seconds",
+    "train_windows_per_second",
+}
 
 
 def write_csv(path, header, rows):
@@ -60,7 +69,9 @@ def sentence(rng):
 def make_data(root: Path, n_train=40, n_cloze=10) -> Path:
     rng = random.Random(0)
     root.mkdir(parents=True, exist_ok=True)
-    write_csv(root / TRAIN_NAME, TRAIN_COLUMNS, [[f"t{i}", "T"] + [sentence(rng) for _ in range(5)] for i in range(n_train)])
+    write_csv(
+        root / TRAIN_NAME, TRAIN_COLUMNS, [[f"t{i}", "T"] + [sentence(rng) for _ in range(5)] for i in range(n_train)]
+    )
     cloze = [[f"c{i}"] + [sentence(rng) for _ in range(6)] + [str(1 + i % 2)] for i in range(n_cloze)]
     write_csv(root / VAL_NAME, CLOZE_COLUMNS, cloze[: n_cloze // 2])
     write_csv(root / TEST_NAME, CLOZE_COLUMNS, cloze[n_cloze // 2 :])
@@ -159,8 +170,17 @@ def test_run_writes_metrics_curves_summary_and_best(reference, data_dir):
     assert all(EPOCH_KEYS <= h.keys() for h in history)
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((out / "summary.json").read_text())
-    for key in ("config", "corpus_statistics", "best_epoch", "last_epoch", "stop_reason", "best_metrics",
-                "wall_seconds_to_best", "wall_seconds_total", "parameters"):
+    for key in (
+        "config",
+        "corpus_statistics",
+        "best_epoch",
+        "last_epoch",
+        "stop_reason",
+        "best_metrics",
+        "wall_seconds_to_best",
+        "wall_seconds_total",
+        "parameters",
+    ):
         assert key in saved
     assert saved["stop_reason"] == "max_epochs" and saved["last_epoch"] == 4
     assert saved["corpus_statistics"]["train_stories"] == 40 and saved["corpus_statistics"]["validation_stories"] == 10
@@ -177,7 +197,9 @@ def test_run_writes_metrics_curves_summary_and_best(reference, data_dir):
 def test_two_runs_give_the_same_weights(reference, data_dir, tmp_path):
     out, _ = reference
     train(copy.deepcopy(TINY), data_dir, tmp_path / "again", progress=False)
-    assert same_tensors(weights(out / "last/model/model.safetensors"), weights(tmp_path / "again/last/model/model.safetensors"))
+    assert same_tensors(
+        weights(out / "last/model/model.safetensors"), weights(tmp_path / "again/last/model/model.safetensors")
+    )
     assert untimed(read_metrics(out)) == untimed(read_metrics(tmp_path / "again"))
 
 
@@ -186,8 +208,21 @@ def test_resume_after_sigkill_is_bit_identical(reference, data_dir, tmp_path):
     config = tmp_path / "tiny.yaml"
     config.write_text(json.dumps(TINY))  # JSON is YAML
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "world_model.train", "--config", str(config), "--data", str(data_dir), "--out", str(out), "--no-progress"]
-    proc = subprocess.Popen(cmd + ["--step-delay", "0.25"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cmd = [
+        sys.executable,
+        "-m",
+        "world_model.training.train",
+        "--config",
+        str(config),
+        "--data",
+        str(data_dir),
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+    proc = subprocess.Popen(
+        cmd + ["--step-delay", "0.25"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     state = out / "last/state.json"
     deadline = time.monotonic() + 60
     try:
@@ -244,8 +279,20 @@ def test_sigterm_mid_epoch_leaves_the_last_epoch_resumable(data_dir, tmp_path):
     long_run["training"]["max_epochs"] = 50  # cannot finish before the signal, however the machine is loaded
     config.write_text(json.dumps(long_run))
     out = tmp_path / "term"
-    cmd = [sys.executable, "-m", "world_model.train", "--config", str(config), "--data", str(data_dir), "--out", str(out),
-           "--no-progress", "--step-delay", "0.25"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "world_model.training.train",
+        "--config",
+        str(config),
+        "--data",
+        str(data_dir),
+        "--out",
+        str(out),
+        "--no-progress",
+        "--step-delay",
+        "0.25",
+    ]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 60
     try:
@@ -326,11 +373,21 @@ def test_bad_config_and_data_fail_before_training(data_dir, tmp_path, capsys):
 
 def test_shipped_configs_load():
     cpu = load_config(REPO / "configs/world_model/cpu.yaml")
-    assert (cpu["model"]["d_x"], cpu["model"]["d_t"], cpu["model"]["n_heads"], cpu["model"]["n_layers"]) == (16, 8, 4, 2)
+    assert (cpu["model"]["d_x"], cpu["model"]["d_t"], cpu["model"]["n_heads"], cpu["model"]["n_layers"]) == (
+        16,
+        8,
+        4,
+        2,
+    )
     assert cpu["training"]["max_epochs"] == 30 and cpu["training"]["lr"] == 3e-4
     for name, heads, layers in (("paper_h2_l2", 2, 2), ("paper_h4_l2", 4, 2), ("paper_h4_l3", 4, 3)):
         c = load_config(REPO / f"configs/world_model/{name}.yaml")
-        assert (c["model"]["d_x"], c["model"]["d_t"], c["model"]["n_heads"], c["model"]["n_layers"]) == (64, 32, heads, layers)
+        assert (c["model"]["d_x"], c["model"]["d_t"], c["model"]["n_heads"], c["model"]["n_layers"]) == (
+            64,
+            32,
+            heads,
+            layers,
+        )
         assert (c["training"]["max_epochs"], c["training"]["patience"], c["training"]["tolerance"]) == (100, 5, 1.01)
 
 
@@ -376,35 +433,79 @@ def test_optimizer_state_round_trip():
 def test_evaluate_cli_matches_the_best_epoch(reference, data_dir, tmp_path, capsys):
     out, summary = reference
     result_path = tmp_path / "eval.json"
-    assert evaluate_main(["--checkpoint", str(out / "best"), "--data", str(data_dir), "--out", str(result_path),
-                          "--batch-size", str(TINY["training"]["eval_batch_size"]), "--device", "cpu"]) == 0
+    assert (
+        evaluate_main(
+            [
+                "--checkpoint",
+                str(out / "best"),
+                "--data",
+                str(data_dir),
+                "--out",
+                str(result_path),
+                "--batch-size",
+                str(TINY["training"]["eval_batch_size"]),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     result = json.loads(result_path.read_text())
-    assert set(result) >= {"val_last_ce", "val_token_accuracy", "val_perplexity", "val_window_loss", "validation_windows",
-                           "last_tokens", "checkpoint", "model_type", "parameters"}
+    assert set(result) >= {
+        "val_last_ce",
+        "val_token_accuracy",
+        "val_perplexity",
+        "val_window_loss",
+        "validation_windows",
+        "last_tokens",
+        "checkpoint",
+        "model_type",
+        "parameters",
+    }
     best = summary["best_metrics"]
     assert result["val_last_ce"] == pytest.approx(best["val_last_ce"], rel=1e-6)
     assert result["val_window_loss"] == pytest.approx(best["val_window_loss"], rel=1e-6)
     assert result["val_token_accuracy"] == best["val_token_accuracy"]
-    assert (result["validation_windows"], result["model_type"], result["parameters"]) == (10, "four_tensor", summary["parameters"])
+    assert (result["validation_windows"], result["model_type"], result["parameters"]) == (
+        10,
+        "four_tensor",
+        summary["parameters"],
+    )
     assert result["last_tokens"] == summary["corpus_statistics"]["validation_last_sentence_tokens"]
     # the floors beside the model, fitted on the folder's 40 training stories, and Story Cloze for both halves
     floors = result["floors"]
     assert floors["train_windows"] == 40 and floors["selection"]["heldout_windows"] == 4
     assert all(floors[name]["last_tokens"] == result["last_tokens"] for name in FLOORS)
     cloze = result["story_cloze"]
-    assert list(cloze) == ["model", *FLOORS, "references"] and cloze["references"]["GPT-1 (Radford et al., 2018)"] == 0.865
-    assert all(list(cloze[name]) == ["val", "test"] and cloze[name]["test"]["stories"] == 5 for name in ("model", *FLOORS))
+    assert (
+        list(cloze) == ["model", *FLOORS, "references"] and cloze["references"]["GPT-1 (Radford et al., 2018)"] == 0.865
+    )
+    assert all(
+        list(cloze[name]) == ["val", "test"] and cloze[name]["test"]["stories"] == 5 for name in ("model", *FLOORS)
+    )
     printed = capsys.readouterr().out
     assert "val_last_ce" in printed and "position_unigram_copy" in printed and "Story Cloze accuracy" in printed
 
     # words the checkpoint never saw are scored as <unk> and counted
     other = tmp_path / "other"
     other.mkdir()
-    write_csv(other / VAL_NAME, CLOZE_COLUMNS, [["z1", "Zed flew.", "Zed ran.", "Tom sat.", "Ann ate.", "Bob sang home.", "Sue ran.", "1"]])
-    assert evaluate_main(["--checkpoint", str(out / "best"), "--data", str(other), "--out", str(result_path), "--device", "cpu"]) == 0
+    write_csv(
+        other / VAL_NAME,
+        CLOZE_COLUMNS,
+        [["z1", "Zed flew.", "Zed ran.", "Tom sat.", "Ann ate.", "Bob sang home.", "Sue ran.", "1"]],
+    )
+    assert (
+        evaluate_main(
+            ["--checkpoint", str(out / "best"), "--data", str(other), "--out", str(result_path), "--device", "cpu"]
+        )
+        == 0
+    )
     other_result = json.loads(result_path.read_text())
     assert other_result["unknown_tokens"] == 3  # zed, flew, zed
-    assert other_result["floors"] is None and list(other_result["story_cloze"]) == ["model", "references"]  # no training file
+    assert other_result["floors"] is None and list(other_result["story_cloze"]) == [
+        "model",
+        "references",
+    ]  # no training file
     assert "floors: none (no training file" in capsys.readouterr().out
     assert evaluate_main(["--checkpoint", str(tmp_path), "--data", str(data_dir)]) == 1
 
@@ -419,8 +520,21 @@ def test_the_baseline_trains_and_evaluates_through_the_same_commands(data_dir, t
     assert type(model).__name__ == "BaselineModel" and model.config.content_vocab_size == len(vocab)
     assert model.config.vocab_size == len(vocab) + 2
     result_path = tmp_path / "eval.json"
-    assert evaluate_main(["--checkpoint", str(tmp_path / "run" / "best"), "--data", str(data_dir),
-                          "--out", str(result_path), "--batch-size", "4"]) == 0
+    assert (
+        evaluate_main(
+            [
+                "--checkpoint",
+                str(tmp_path / "run" / "best"),
+                "--data",
+                str(data_dir),
+                "--out",
+                str(result_path),
+                "--batch-size",
+                "4",
+            ]
+        )
+        == 0
+    )
     result = json.loads(result_path.read_text())
     assert result["model_type"] == "baseline"
     assert result["val_last_ce"] == pytest.approx(summary["best_metrics"]["val_last_ce"], rel=1e-6)
@@ -431,18 +545,22 @@ def test_the_baseline_trains_and_evaluates_through_the_same_commands(data_dir, t
     [("paper_h2_l2", 122.2, 175.9), ("paper_h4_l2", 172.5, 175.9), ("paper_h4_l3", 256.4, 226.2)],
 )
 def test_paper_presets_reproduce_the_reported_parameter_totals(preset, four_tensor_millions, baseline_millions):
-    from world_model.config_io import load_config
+    from world_model.training.config import load_config
 
     config = load_config(REPO / "configs" / "world_model" / f"{preset}.yaml")
     with torch.device("meta"):  # nothing is allocated
         four_tensor = build_model(config["model"], 36711)
-        shared = {k: config["model"][k] for k in ("d_x", "d_t", "n_heads", "n_layers", "dropout", "n_tokens", "n_states")}
+        shared = {
+            k: config["model"][k] for k in ("d_x", "d_t", "n_heads", "n_layers", "dropout", "n_tokens", "n_states")
+        }
         baseline = build_model({**shared, "type": "baseline"}, 36711)
     assert round(sum(p.numel() for p in four_tensor.parameters()) / 1e6, 1) == four_tensor_millions
     assert round(sum(p.numel() for p in baseline.parameters()) / 1e6, 1) == baseline_millions
 
 
-@pytest.mark.parametrize("model", [TINY["model"], {"type": "baseline", "d_x": 4, "d_t": 2, "n_heads": 2, "n_layers": 1, "dropout": 0.1}])
+@pytest.mark.parametrize(
+    "model", [TINY["model"], {"type": "baseline", "d_x": 4, "d_t": 2, "n_heads": 2, "n_layers": 1, "dropout": 0.1}]
+)
 def test_bf16_training_keeps_fp32_weights_and_lands_near_fp32(model, data_dir, tmp_path):
     """--precision bf16 trains both model types under autocast: fp32 weights and checkpoints, finite losses, and
     after one epoch a validation window loss within 0.05 nats of the same run in fp32 (the tiny model's loss
@@ -452,6 +570,8 @@ def test_bf16_training_keeps_fp32_weights_and_lands_near_fp32(model, data_dir, t
         config = {"model": model, "training": {**TINY["training"], "max_epochs": 1}}
         runs[precision] = train(config, data_dir, tmp_path / precision, precision=precision, progress=False)
         assert runs[precision]["config"]["training"]["precision"] == precision
-        assert all(t.dtype == torch.float32 for t in weights(tmp_path / precision / "best" / "model.safetensors").values())
+        assert all(
+            t.dtype == torch.float32 for t in weights(tmp_path / precision / "best" / "model.safetensors").values()
+        )
     fp32, bf16 = (runs[p]["best_metrics"]["val_window_loss"] for p in ("fp32", "bf16"))
     assert math.isfinite(bf16) and abs(bf16 - fp32) < 0.05

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from encoders.captioner import HFCaptioner
-from encoders.train_captioner import (
+from encoders.world_dataset import read_states
+from pipeline.pack.train_captioner import (
     BEST_DIR,
     METRICS_FILE,
     TrainConfig,
@@ -19,17 +20,45 @@ from encoders.train_captioner import (
     to_unit,
     train_step,
 )
-from encoders.word_tokenizer import build_word_tokenizer
-from encoders.world_dataset import STRIP_SIZE, read_states
 from tests.model_factories import one_torch_thread
-from world_model.synthetic_world import generate
-from world_model.vocab import tokenize
+from world_model.data.synthetic.world import STRIP_SIZE, generate
+from world_model.text.vocab import tokenize
+from world_model.text.word_tokenizer import build_word_tokenizer
 
-TINY = TrainConfig(patch_size=12, encoder_hidden=32, encoder_layers=1, encoder_heads=2, decoder_hidden=32,
-                   decoder_layers=1, decoder_heads=2, batch_size=4, warmup_steps=1, val_episodes=1)
-TINY_FLAGS = ["--patch-size", "12", "--encoder-hidden", "32", "--encoder-layers", "1", "--encoder-heads", "2",
-              "--decoder-hidden", "32", "--decoder-layers", "1", "--decoder-heads", "2", "--batch-size", "4",
-              "--warmup-steps", "1", "--val-episodes", "1"]
+TINY = TrainConfig(
+    patch_size=12,
+    encoder_hidden=32,
+    encoder_layers=1,
+    encoder_heads=2,
+    decoder_hidden=32,
+    decoder_layers=1,
+    decoder_heads=2,
+    batch_size=4,
+    warmup_steps=1,
+    val_episodes=1,
+)
+TINY_FLAGS = [
+    "--patch-size",
+    "12",
+    "--encoder-hidden",
+    "32",
+    "--encoder-layers",
+    "1",
+    "--encoder-heads",
+    "2",
+    "--decoder-hidden",
+    "32",
+    "--decoder-layers",
+    "1",
+    "--decoder-heads",
+    "2",
+    "--batch-size",
+    "4",
+    "--warmup-steps",
+    "1",
+    "--val-episodes",
+    "1",
+]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -49,8 +78,23 @@ def world(tmp_path_factory):
 
 def test_training_run_saves_a_captioner_that_hfcaptioner_loads(world, tmp_path):
     out = tmp_path / "run"
-    assert main(["--data", str(world), "--out", str(out), "--max-steps", "3", "--eval-every", "2",
-                 "--no-progress", *TINY_FLAGS]) == 0
+    assert (
+        main(
+            [
+                "--data",
+                str(world),
+                "--out",
+                str(out),
+                "--max-steps",
+                "3",
+                "--eval-every",
+                "2",
+                "--no-progress",
+                *TINY_FLAGS,
+            ]
+        )
+        == 0
+    )
     captioner = HFCaptioner.from_pretrained(out / BEST_DIR)
     heldout = read_states(world / "heldout", progress=False)
     captions = captioner(list(heldout.images))
@@ -83,8 +127,9 @@ def test_saved_weights_are_fp16_and_no_temporary_folder_is_left(tmp_path):
 
 def test_training_pixels_match_the_saved_image_processor():
     strips = np.random.default_rng(0).integers(0, 256, (2, *STRIP_SIZE, 3), dtype=np.uint8)
-    processed = strip_image_processor()(images=list(strips), input_data_format="channels_last",
-                                        return_tensors="pt")["pixel_values"]
+    processed = strip_image_processor()(images=list(strips), input_data_format="channels_last", return_tensors="pt")[
+        "pixel_values"
+    ]
     torch.testing.assert_close(to_pixels(to_unit(torch.from_numpy(strips))), processed)
 
 
@@ -106,7 +151,9 @@ def test_labels_end_with_eos_and_pad_with_the_ignore_index():
     labels = caption_labels(tokenizer, ["the ball falls.", "the box slides toward the wall."])
     eos = tokenizer.eos_token_id
     assert labels.shape == (2, 8)
-    assert tokenizer.decode(labels[0, :4]) == "the ball falls." and labels[0, 4] == eos and (labels[0, 5:] == -100).all()
+    assert (
+        tokenizer.decode(labels[0, :4]) == "the ball falls." and labels[0, 4] == eos and (labels[0, 5:] == -100).all()
+    )
     assert tokenizer.decode(labels[1, :7]) == "the box slides toward the wall." and labels[1, 7] == eos
 
 

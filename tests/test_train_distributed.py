@@ -1,13 +1,13 @@
-"""`accelerate launch -m world_model.train` with two processes (gloo, on CPU) on a tiny ROCStories fixture.
+"""`accelerate launch -m world_model.training.train` with two processes (gloo, on CPU) on a tiny ROCStories fixture.
 
 The launches use `--multi_gpu` with CUDA hidden: accelerate's `--cpu --num_processes N` starts a single
 process unless it is given an MPI host file, while `--multi_gpu` starts N processes through
-torch.distributed.run, and world_model.train, finding no GPU, joins them in a gloo process group on CPU.
+torch.distributed.run, and world_model.training.train, finding no GPU, joins them in a gloo process group on CPU.
 Each launch costs the start of three Python processes, so the module launches three times in all: one
 uninterrupted run (the shards, the writers, the validation reduction, the comparison with one process at
 twice the batch) and a killed run with its resumption.
 
-Every launch goes through a small wrapper of world_model.train.main that records, per process, the window
+Every launch goes through a small wrapper of world_model.training.train.main that records, per process, the window
 indices of every batch it fetched and every call of the functions that write the output folder.
 """
 
@@ -30,29 +30,39 @@ import torch
 from safetensors.torch import load_file
 
 from tests.test_train import TEST_NAME, TRAIN_NAME, VAL_NAME, write_csv
-from world_model.evaluate import evaluation_sums, metrics_from_sums
-from world_model.models import load_model
-from world_model.rocstories import CLOZE_COLUMNS, TRAIN_COLUMNS
-from world_model.train import TIMING_KEYS, EpochOrderSampler, ProcessBatches, load_training_windows, train
+from world_model.data.rocstories import CLOZE_COLUMNS, TRAIN_COLUMNS
+from world_model.evaluation.evaluate import evaluation_sums, metrics_from_sums
+from world_model.models.registry import load_model
+from world_model.training.train import TIMING_KEYS, EpochOrderSampler, ProcessBatches, load_training_windows, train
 
 REPO = Path(__file__).resolve().parents[1]
 PROCESSES = 2
-N_TRAIN, N_CLOZE = 41, 7  # 41 = 5 x (2 x 4) + 1: the last step leaves process 1 an empty share; 7 validation windows split 4 / 3
+N_TRAIN, N_CLOZE = (
+    41,
+    7,
+)  # 41 = 5 x (2 x 4) + 1: the last step leaves process 1 an empty share; 7 validation windows split 4 / 3
 B = 4
 CONFIG = {  # no dropout: the comparison with one process at batch 2B needs the same function in every step
     "model": {"type": "four_tensor", "d_x": 4, "d_t": 2, "n_heads": 1, "n_layers": 1, "dropout": 0.0},
-    "training": {"batch_size": B, "eval_batch_size": 1, "max_epochs": 3, "seed": 5, "lr": 0.01,
-                 "lr_schedule": "warmup_cosine", "warmup_steps": 3},
+    "training": {
+        "batch_size": B,
+        "eval_batch_size": 1,
+        "max_epochs": 3,
+        "seed": 5,
+        "lr": 0.01,
+        "lr_schedule": "warmup_cosine",
+        "warmup_steps": 3,
+    },
 }
 STEPS_PER_EPOCH = math.ceil(N_TRAIN / (B * PROCESSES))
 WRITERS = {"save_training_state", "write_metrics", "plot_curves", "write_json_atomic", "save_pretrained"}
 OUTPUTS = {"run.json", "metrics.jsonl", "curves.png", "best", "last", "summary.json"}
 
-WRAPPER = '''
+WRAPPER = """
 import json, os, sys
 from pathlib import Path
-from world_model import train as t
-from world_model.four_tensor import FourTensorModel
+from world_model.training import train as t
+from world_model.models.four_tensor import FourTensorModel
 
 log = {"batches": [], "writes": []}
 fetch = t.WindowDataset.__getitems__
@@ -77,7 +87,7 @@ try:
 finally:
     Path(os.environ["SPY_DIR"], "rank%s.json" % os.environ["RANK"]).write_text(json.dumps(log))
 sys.exit(code)
-'''
+"""
 
 
 def make_data(root: Path) -> Path:
@@ -90,7 +100,9 @@ def make_data(root: Path) -> Path:
         return " ".join(rng.choice(words) for _ in range(rng.randint(1, 6))).capitalize() + "."
 
     root.mkdir(parents=True, exist_ok=True)
-    write_csv(root / TRAIN_NAME, TRAIN_COLUMNS, [[f"t{i}", "T"] + [sentence() for _ in range(5)] for i in range(N_TRAIN)])
+    write_csv(
+        root / TRAIN_NAME, TRAIN_COLUMNS, [[f"t{i}", "T"] + [sentence() for _ in range(5)] for i in range(N_TRAIN)]
+    )
     cloze = [[f"c{i}"] + [sentence() for _ in range(6)] + [str(1 + i % 2)] for i in range(N_CLOZE)]
     write_csv(root / VAL_NAME, CLOZE_COLUMNS, cloze[:4])
     write_csv(root / TEST_NAME, CLOZE_COLUMNS, cloze[4:])
@@ -108,15 +120,43 @@ def start(tmp: Path, data: Path, out: Path, spy: Path, *extra: str, config: dict
     spy.mkdir(parents=True, exist_ok=True)
     (tmp / "wrapper.py").write_text(WRAPPER)
     (tmp / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
-           "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "SPY_DIR": str(spy),
-           "HF_HOME": str(tmp / "hf")}  # no accelerate config of the user's
-    cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu",
-           "--num_processes", str(PROCESSES), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(free_port()), str(tmp / "wrapper.py"),
-           "--config", str(tmp / "config.yaml"), "--data", str(data), "--out", str(out), "--no-progress", *extra]
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+        "CUDA_VISIBLE_DEVICES": "",
+        "OMP_NUM_THREADS": "1",
+        "SPY_DIR": str(spy),
+        "HF_HOME": str(tmp / "hf"),
+    }  # no accelerate config of the user's
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.accelerate_cli",
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        str(PROCESSES),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        str(tmp / "wrapper.py"),
+        "--config",
+        str(tmp / "config.yaml"),
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--no-progress",
+        *extra,
+    ]
+    return subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 600) -> str:
@@ -181,7 +221,9 @@ def launched(data_dir, tmp_path_factory):
 
 
 # ----- the sharding, as a pure function -----
-@pytest.mark.parametrize("size, batch, processes", [(41, 4, 2), (40, 4, 2), (3, 4, 2), (1, 2, 2), (17, 3, 4), (10, 5, 1)])
+@pytest.mark.parametrize(
+    "size, batch, processes", [(41, 4, 2), (40, 4, 2), (3, 4, 2), (1, 2, 2), (17, 3, 4), (10, 5, 1)]
+)
 def test_process_batches_are_disjoint_and_match_one_process_at_the_total_batch(size, batch, processes):
     order = EpochOrderSampler(size, seed=0)
     order.epoch = 3

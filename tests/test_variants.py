@@ -1,13 +1,14 @@
 """The opt-in variants of the 4-tensor predictor (temporal-causal mask, copy path), the cached readout
 matrix and the bf16 kernels: each computes what its plain expression says."""
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from world_model.four_tensor import CopyPath, temporal_causal_bias
-from world_model.kernels import linear_cross_entropy, linear_mixture_cross_entropy
 from tests.test_faithfulness import V, make_model, make_window
 from tests.test_four_tensor import assert_same_training_step, with_attention
+from world_model.models.four_tensor import CopyPath, temporal_causal_bias
+from world_model.models.kernels import linear_cross_entropy, linear_mixture_cross_entropy
 
 
 def full_window(seed=21, B=3):
@@ -90,7 +91,9 @@ def test_copy_path_puts_mass_only_on_earlier_words():
     later = t[None, :] > t[:, None]  # (query, key): the key lies in a later sentence
     assert torch.all(pointer[0][later] == 0)
     assert torch.all(pointer[0][:, key_ids[0] == 0] == 0)  # never padding
-    torch.testing.assert_close(pointer.sum(-1)[log_gate > float("-inf")], torch.ones(int((log_gate > float("-inf")).sum())))
+    torch.testing.assert_close(
+        pointer.sum(-1)[log_gate > float("-inf")], torch.ones(int((log_gate > float("-inf")).sum()))
+    )
     torch.testing.assert_close(log_gate.exp() + log_keep.exp(), torch.ones_like(log_gate))
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from world_model.vocab import (
+from world_model.text.vocab import (
     PAD_ID,
     UNK_ID,
     UnknownWordError,
@@ -163,7 +163,7 @@ def test_load_missing_file(tmp_path):
 
 
 def test_same_sentence_ignores_case_and_spacing_only():
-    from world_model.vocab import same_sentence
+    from world_model.text.vocab import same_sentence
 
     assert same_sentence("The ball falls.", "the ball  falls .")
     assert not same_sentence("the ball falls.", "the ball falls!")

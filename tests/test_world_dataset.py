@@ -1,11 +1,12 @@
 """The offline pack's shared pieces: state strips decoded from generated clips, and the word-level tokenizer."""
+
 import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from encoders.word_tokenizer import SPECIAL_TOKENS, build_word_tokenizer
-from encoders.world_dataset import STATE_FRAMES, read_states
-from world_model.synthetic_world import generate, simulate
+from encoders.world_dataset import read_states
+from world_model.data.synthetic.world import STATE_FRAMES, generate, simulate
+from world_model.text.word_tokenizer import SPECIAL_TOKENS, build_word_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,17 @@ def test_word_tokenizer_round_trips_and_survives_save_and_load(tmp_path):
     sentences = ["the large red ball falls toward the floor.", "a person walks into the elevator on floor two."]
     tokenizer = build_word_tokenizer(sentences)
     ids = tokenizer(sentences[0])["input_ids"]
-    assert tokenizer.convert_ids_to_tokens(ids) == ["the", "large", "red", "ball", "falls", "toward", "the", "floor", "."]
+    assert tokenizer.convert_ids_to_tokens(ids) == [
+        "the",
+        "large",
+        "red",
+        "ball",
+        "falls",
+        "toward",
+        "the",
+        "floor",
+        ".",
+    ]
     assert tokenizer.convert_ids_to_tokens(list(range(4))) == list(SPECIAL_TOKENS)
     tokenizer.save_pretrained(tmp_path)
     loaded = AutoTokenizer.from_pretrained(tmp_path)

@@ -1,4 +1,5 @@
 """Synthetic-world sentence windows, training on them, multi-step rollouts and their accuracy."""
+
 import copy
 import json
 from pathlib import Path
@@ -6,25 +7,25 @@ from pathlib import Path
 import pytest
 import torch
 
-from world_model import synthetic_world as sw
-from world_model.config_io import load_config
-from world_model.models import build_model, load_model, load_predictor
-from world_model.rocstories import DataError
-from world_model.train import train
-from world_model.vocab import Vocabulary, tokenize
-from world_model.world_sentences import (
-    main,
+from world_model.data.rocstories import DataError
+from world_model.data.synthetic import world as sw
+from world_model.data.synthetic.sentences import (
     copy_last_predictions,
     data_kind,
     episode_sentences,
     known_sentences,
     load_world_windows,
+    main,
     next_state_accuracy,
     observed_and_future,
     predict_ahead,
     read_episodes,
     sentence_windows,
 )
+from world_model.models.registry import build_model, load_model, load_predictor
+from world_model.text.vocab import Vocabulary, tokenize
+from world_model.training.config import load_config
+from world_model.training.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 SECONDS = 6
@@ -55,7 +56,9 @@ def test_one_window_per_predicted_second(world):
     for i, window in enumerate(train_windows):
         episode, target = divmod(i, SECONDS - 1)
         target += 1
-        expected = [""] * max(0, 3 - target) + sentences[episode][max(0, target - 3):target + 1]  # left-padded at the start
+        expected = [""] * max(0, 3 - target) + sentences[episode][
+            max(0, target - 3) : target + 1
+        ]  # left-padded at the start
         assert [tokenize(vocab.decode(row)) for row in window] == [tokenize(s) for s in expected]
     assert tokenize(vocab.decode(val_windows[-1, -1])) == tokenize(sentences[2][-1])
     assert stats["validation_last_sentence_tokens"] == sum(len(tokenize(s)) for s in sentences[2][1:])
@@ -69,7 +72,9 @@ def test_sentence_windows_pad_the_first_states_and_skip_one_sentence_episodes():
     windows = sentence_windows([["a b.", "c d e.", "f."], ["a b."]], vocab, n_states=2, n_tokens=4)
     assert windows.shape == (2, 3, 4)
     assert [vocab.decode(row) for row in windows.reshape(-1, 4)] == ["", "a b.", "c d e.", "a b.", "c d e.", "f."]
-    assert windows[0, 0].tolist() == [0, 0, 0, 0] and windows[0, 1].tolist()[3] == 0  # empty state; "a b ." right-padded
+    assert (
+        windows[0, 0].tolist() == [0, 0, 0, 0] and windows[0, 1].tolist()[3] == 0
+    )  # empty state; "a b ." right-padded
     assert sentence_windows([["a b."]], vocab, n_states=2, n_tokens=4).shape == (0, 3, 4)
 
 
@@ -97,10 +102,14 @@ def test_bad_episode_files_are_refused(tmp_path):
     split.mkdir()
     with pytest.raises(DataError, match="episodes.jsonl"):
         read_episodes(split)
-    (split / "episodes.jsonl").write_text(json.dumps({"sentences": [{"second": 1, "text": "a."}], "video": "x.mp4"}) + "\n")
+    (split / "episodes.jsonl").write_text(
+        json.dumps({"sentences": [{"second": 1, "text": "a."}], "video": "x.mp4"}) + "\n"
+    )
     with pytest.raises(DataError, match="line 1"):
         read_episodes(split)
-    (split / "episodes.jsonl").write_text(json.dumps({"sentences": [{"second": 0, "text": "a."}], "video": "x.mp4"}) + "\n")
+    (split / "episodes.jsonl").write_text(
+        json.dumps({"sentences": [{"second": 0, "text": "a."}], "video": "x.mp4"}) + "\n"
+    )
     with pytest.raises(DataError, match="at least 2 training episodes"):
         load_world_windows(tmp_path, n_states=3, n_tokens=16)
 
@@ -173,7 +182,12 @@ def test_train_runs_one_epoch_on_world_episodes(world, tmp_path, name):
 def test_train_names_both_layouts_when_the_folder_holds_neither(tmp_path):
     (tmp_path / "data").mkdir()
     with pytest.raises(DataError, match="synthetic world.*ROCStories"):
-        train(load_config(REPO / "configs/world_model/synthetic.yaml"), tmp_path / "data", tmp_path / "out", progress=False)
+        train(
+            load_config(REPO / "configs/world_model/synthetic.yaml"),
+            tmp_path / "data",
+            tmp_path / "out",
+            progress=False,
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -182,8 +196,21 @@ def test_scoring_command_reports_each_checkpoint_beside_copy_last_and_the_ceilin
     model = tiny_model("four_tensor", vocab)
     model.save_pretrained(tmp_path / "known", vocab=vocab, known_sentences=known_sentences(world))
     model.save_pretrained(tmp_path / "free", vocab=vocab)
-    argv = ["--checkpoint", str(tmp_path / "known"), str(tmp_path / "free"), "--data", str(world / "heldout"),
-            "--episodes", "2", "--observe", "3", "--steps", "2", "--json", str(tmp_path / "scores.json")]
+    argv = [
+        "--checkpoint",
+        str(tmp_path / "known"),
+        str(tmp_path / "free"),
+        "--data",
+        str(world / "heldout"),
+        "--episodes",
+        "2",
+        "--observe",
+        "3",
+        "--steps",
+        "2",
+        "--json",
+        str(tmp_path / "scores.json"),
+    ]
     assert main(argv) == 0
     table = capsys.readouterr().out
     scores = json.loads((tmp_path / "scores.json").read_text())
@@ -194,7 +221,8 @@ def test_scoring_command_reports_each_checkpoint_beside_copy_last_and_the_ceilin
     assert scores["predictors"][str(tmp_path / "known")]["accuracy"] == expected
     assert scores["predictors"][str(tmp_path / "free")]["readout"] == "tokens"
     assert scores["predictors"]["copy the last state"]["accuracy"] == next_state_accuracy(
-        copy_last_predictions(contexts, 2), futures)
+        copy_last_predictions(contexts, 2), futures
+    )
     assert scores["ceiling"]["accuracy"][0] == pytest.approx(sum(r["next"][2]["best_p"] for r in records) / 2)
     assert f"| {tmp_path / 'known'} | sentences ({len(known)} known) |" in table and "| ceiling |" in table
     assert main(argv[:3] + ["--data", str(tmp_path / "nowhere")]) == 2

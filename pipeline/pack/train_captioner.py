@@ -1,0 +1,383 @@
+"""Train the offline pack's captioner from scratch on the synthetic world's state strips.
+
+    python -m pipeline.pack.train_captioner --data DATA --out DIR [--max-minutes M] [--threads T] [--seed S]
+        [--max-steps N] [--batch-size B] [--lr LR] [--patch-size P] [--encoder-hidden D] [--encoder-layers L] ...
+
+The model is a ``VisionEncoderDecoderModel``: a small ViT over the (48, 144) RGB strip (``STRIP_SIZE``;
+by default a 4 x 12 grid of 12-pixel patches) and a small GPT-2 decoder with cross-attention, over the
+word-level tokenizer of ``world_model.text.word_tokenizer`` built from the training sentences. It trains on
+``DATA/train`` minus its last ``--val-episodes`` episodes, which select the checkpoint (greedy exact
+match, then loss), and stops at ``--max-steps``, at ``--max-minutes``, after ``--patience`` evaluations
+without improvement, or on Ctrl-C; the selected checkpoint is then scored on ``DATA/heldout``. Training
+images are lightly augmented (brightness, contrast and colour jitter, blur, pixel noise, a one-pixel
+shift) so that the model also reads the diffusion renderer's imperfect strips.
+
+DIR receives
+    best/          the selected checkpoint, written whole and renamed into place: config.json,
+                   generation_config.json, model.safetensors (fp16), tokenizer files and
+                   preprocessor_config.json; ``encoders.captioner.HFCaptioner.from_pretrained(DIR/best)`` loads it
+    metrics.json   the run's settings, validation history, and exact-match accuracy on ``DATA/heldout``
+                   (overall, per scene type) with the most common confusions
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+from transformers import (
+    GPT2Config,
+    PreTrainedTokenizerFast,
+    VisionEncoderDecoderConfig,
+    VisionEncoderDecoderModel,
+    ViTConfig,
+    ViTImageProcessor,
+)
+
+from encoders.captioner import HFCaptioner
+from encoders.world_dataset import StateSet, read_states
+from world_model.data.synthetic.world import STRIP_SIZE
+from world_model.text.vocab import same_sentence
+from world_model.text.word_tokenizer import build_word_tokenizer
+from world_model.training.config import add_dataclass_flags, dataclass_from_args
+from world_model.training.schedule import warmup_cosine
+from world_model.utils.files import atomic_dir, write_json_atomic
+
+BEST_DIR = "best"
+METRICS_FILE = "metrics.json"
+IGNORE_INDEX = -100  # label positions the loss skips (padding after the end token)
+
+
+class TrainingStopped(RuntimeError):
+    """Training ended before any checkpoint was selected."""
+
+
+@dataclass
+class TrainConfig:
+    """Model size and optimisation settings; every field is also a command-line flag."""
+
+    patch_size: int = 12
+    encoder_hidden: int = 128
+    encoder_layers: int = 4
+    encoder_heads: int = 4
+    decoder_hidden: int = 128
+    decoder_layers: int = 2
+    decoder_heads: int = 4
+    batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    warmup_steps: int = 200
+    max_steps: int = 20_000
+    eval_every: int = 250
+    patience: int = 8
+    val_episodes: int = 75
+    augment: bool = True
+    seed: int = 0
+
+
+def build_captioner(tokenizer: PreTrainedTokenizerFast, config: TrainConfig) -> VisionEncoderDecoderModel:
+    """A randomly initialised ViT + GPT-2 captioner for ``STRIP_SIZE`` strips whose special token ids
+    (decoder start = BOS, end = EOS, padding = PAD) are set in both the model and generation configs."""
+    encoder = ViTConfig(
+        image_size=list(STRIP_SIZE),
+        patch_size=config.patch_size,
+        hidden_size=config.encoder_hidden,
+        num_hidden_layers=config.encoder_layers,
+        num_attention_heads=config.encoder_heads,
+        intermediate_size=4 * config.encoder_hidden,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    decoder = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=tokenizer.model_max_length + 2,
+        n_embd=config.decoder_hidden,
+        n_layer=config.decoder_layers,
+        n_head=config.decoder_heads,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model_config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
+    special = dict(
+        decoder_start_token_id=tokenizer.bos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    for name, value in special.items():
+        setattr(model_config, name, value)
+    torch.manual_seed(config.seed)
+    model = VisionEncoderDecoderModel(model_config)
+    for name, value in special.items():
+        setattr(model.generation_config, name, value)
+    return model
+
+
+def strip_image_processor() -> ViTImageProcessor:
+    """Resizes any image to ``STRIP_SIZE`` and maps [0, 255] to [-1, 1] (what ``to_pixels`` does to strips)."""
+    return ViTImageProcessor(
+        size={"height": STRIP_SIZE[0], "width": STRIP_SIZE[1]}, image_mean=[0.5] * 3, image_std=[0.5] * 3
+    )
+
+
+def to_unit(images: torch.Tensor) -> torch.Tensor:
+    """(B, H, W, 3) uint8 -> (B, 3, H, W) float in [0, 1]."""
+    return images.permute(0, 3, 1, 2).float() / 255
+
+
+def to_pixels(unit: torch.Tensor) -> torch.Tensor:
+    """(B, 3, H, W) in [0, 1] -> the model's pixel values in [-1, 1], as ``strip_image_processor`` gives them."""
+    return unit * 2 - 1
+
+
+def augment(unit: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Randomly perturb (B, 3, H, W) images in [0, 1] the way a diffusion renderer's strips differ from
+    the simulator's: a shift of up to one pixel, brightness/contrast/per-channel colour jitter, a light
+    Gaussian blur and pixel noise, each drawn per image. Returns a new tensor of the same shape."""
+    batch, channels, height, width = unit.shape
+
+    def uniform(low: float, high: float, *shape: int) -> torch.Tensor:
+        return low + (high - low) * torch.rand(batch, *shape, generator=generator)
+
+    padded = F.pad(unit, (1, 1, 1, 1), mode="replicate")
+    dy, dx = torch.randint(0, 3, (2, batch), generator=generator).tolist()
+    out = torch.stack([padded[i, :, dy[i] : dy[i] + height, dx[i] : dx[i] + width] for i in range(batch)])
+    mean = out.mean(dim=(1, 2, 3), keepdim=True)
+    out = (out - mean) * uniform(0.9, 1.1, 1, 1, 1) + mean * uniform(0.9, 1.1, 1, 1, 1)
+    out = out + uniform(-0.04, 0.04, channels, 1, 1)
+    sigma = uniform(0.05, 0.9)  # (B,) Gaussian blur widths in pixels; 0.05 leaves the image as is
+    offsets = torch.arange(-1, 2, dtype=torch.float32)
+    taps = torch.exp(-(offsets[None] ** 2) / (2 * sigma[:, None] ** 2))
+    taps = taps / taps.sum(dim=1, keepdim=True)  # (B, 3) separable kernel
+    kernels = (taps[:, :, None] * taps[:, None, :]).repeat_interleave(channels, dim=0)[:, None]  # (B*3, 1, 3, 3)
+    out = F.conv2d(
+        F.pad(out.reshape(1, batch * channels, height, width), (1, 1, 1, 1), mode="replicate"),
+        kernels,
+        groups=batch * channels,
+    ).reshape(batch, channels, height, width)
+    out = out + uniform(0.0, 0.05, 1, 1, 1) * torch.randn(out.shape, generator=generator)
+    return out.clamp(0, 1)
+
+
+def caption_labels(tokenizer: PreTrainedTokenizerFast, sentences: Sequence[str]) -> torch.Tensor:
+    """(N, L) long: each sentence's word ids then EOS, right-padded with ``IGNORE_INDEX``. The model shifts
+    them right behind the decoder start token to make its inputs."""
+    rows = [ids + [tokenizer.eos_token_id] for ids in tokenizer(list(sentences), add_special_tokens=False)["input_ids"]]
+    labels = torch.full((len(rows), max(map(len, rows))), IGNORE_INDEX, dtype=torch.long)
+    for i, row in enumerate(rows):
+        labels[i, : len(row)] = torch.tensor(row)
+    return labels
+
+
+def train_step(
+    model: VisionEncoderDecoderModel, optimizer: torch.optim.Optimizer, pixels: torch.Tensor, labels: torch.Tensor
+) -> float:
+    """One AdamW step on pixel values (B, 3, H, W) and labels (B, L); returns the batch's mean token loss."""
+    model.train()
+    loss = model(pixel_values=pixels, labels=labels, decoder_attention_mask=labels != IGNORE_INDEX).loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss.item()
+
+
+@torch.inference_mode()
+def validate(
+    model: VisionEncoderDecoderModel,
+    tokenizer: PreTrainedTokenizerFast,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    sentences: Sequence[str],
+    batch_size: int = 256,
+) -> tuple[float, float]:
+    """(exact-match accuracy of greedy captions, mean token loss) on uint8 strips (N, H, W, 3)."""
+    model.eval()
+    hits, loss_sum, tokens = 0, 0.0, 0
+    for start in range(0, len(images), batch_size):
+        pixels = to_pixels(to_unit(images[start : start + batch_size]))
+        batch_labels = labels[start : start + batch_size]
+        logits = model(
+            pixel_values=pixels, labels=batch_labels, decoder_attention_mask=batch_labels != IGNORE_INDEX
+        ).logits
+        loss_sum += F.cross_entropy(logits.flatten(0, 1), batch_labels.flatten(), reduction="sum").item()
+        tokens += int((batch_labels != IGNORE_INDEX).sum())
+        ids = model.generate(pixel_values=pixels, max_new_tokens=labels.shape[1] + 2, do_sample=False)
+        captions = tokenizer.batch_decode(ids, skip_special_tokens=True)
+        hits += sum(same_sentence(c, s) for c, s in zip(captions, sentences[start : start + batch_size]))
+    return hits / len(images), loss_sum / tokens
+
+
+def save_captioner(model: VisionEncoderDecoderModel, tokenizer: PreTrainedTokenizerFast, folder: Path) -> None:
+    """Write model (fp16 safetensors), tokenizer and image processor to a temporary folder beside
+    ``folder``, then rename it into place: an interruption never leaves a partial ``folder``."""
+    with atomic_dir(folder) as tmp:
+        half = {name: tensor.detach().to(torch.float16) for name, tensor in model.state_dict().items()}
+        model.save_pretrained(tmp, state_dict=half)
+        tokenizer.save_pretrained(tmp)
+        strip_image_processor().save_pretrained(tmp)
+
+
+def split_validation(states: StateSet, val_episodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of the training strips and of the validation strips (those of the last ``val_episodes`` episodes)."""
+    episodes = len(states.records)
+    if not 0 < val_episodes < episodes:
+        raise ValueError(f"need 0 < val_episodes < {episodes} (the training episodes), got {val_episodes}")
+    is_val = states.episode >= episodes - val_episodes
+    return np.flatnonzero(~is_val), np.flatnonzero(is_val)
+
+
+def heldout_report(folder: Path, states: StateSet, batch_size: int = 64, top: int = 15) -> dict:
+    """Caption ``states`` with the saved model through ``HFCaptioner`` (what the pipeline runs) and score
+    exact matches overall and per scene type; lists the ``top`` most common (sentence, caption) confusions."""
+    captioner = HFCaptioner.from_pretrained(folder, device="cpu", batch_size=batch_size)
+    captions = captioner(list(states.images), progress="held-out captions")
+    scenes = [states.records[e]["scene"] for e in states.episode]
+    hits = [same_sentence(c, s) for c, s in zip(captions, states.sentences)]
+    per_scene = {
+        scene: float(np.mean([h for h, s in zip(hits, scenes) if s == scene])) for scene in sorted(set(scenes))
+    }
+    confusions = Counter((s, c) for h, s, c in zip(hits, states.sentences, captions) if not h)
+    return {
+        "strips": len(states),
+        "exact_match": float(np.mean(hits)),
+        "per_scene": per_scene,
+        "strips_per_scene": dict(sorted(Counter(scenes).items())),
+        "confusions": [{"sentence": s, "caption": c, "count": n} for (s, c), n in confusions.most_common(top)],
+    }
+
+
+def train(data: Path, out: Path, config: TrainConfig, max_minutes: float | None = None, progress: bool = True) -> dict:
+    """Train on ``data/train``, save the best checkpoint to ``out/best`` and score it on ``data/heldout``;
+    returns (and writes to ``out/metrics.json``) the run's metrics."""
+    t_start = time.monotonic()
+    heldout = read_states(data / "heldout", progress=progress)  # fail early if the held-out split is missing
+    states = read_states(data / "train", progress=progress)
+    train_idx, val_idx = split_validation(states, config.val_episodes)
+    tokenizer = build_word_tokenizer(states.sentences[i] for i in train_idx)
+    labels = caption_labels(tokenizer, states.sentences)
+    images = torch.from_numpy(states.images)
+    val_sentences = [states.sentences[i] for i in val_idx]
+    model = build_captioner(tokenizer, config)
+    parameters = sum(p.numel() for p in model.parameters())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    generator = torch.Generator().manual_seed(config.seed)
+    out.mkdir(parents=True, exist_ok=True)
+
+    history, best, since_best, reason, step, loss_avg = [], None, 0, None, 0, None
+    bar = tqdm(total=config.max_steps, desc="training captioner", disable=not progress)
+    try:
+        while reason is None:
+            minutes = (time.monotonic() - t_start) / 60
+            fraction = max(step / config.max_steps, minutes / max_minutes if max_minutes else 0.0)
+            for group in optimizer.param_groups:
+                group["lr"] = warmup_cosine(config.lr, step, fraction, config.warmup_steps)
+            batch = torch.from_numpy(train_idx)[
+                torch.randint(len(train_idx), (config.batch_size,), generator=generator)
+            ]
+            unit = to_unit(images[batch])
+            loss = train_step(
+                model, optimizer, to_pixels(augment(unit, generator) if config.augment else unit), labels[batch]
+            )
+            loss_avg = loss if loss_avg is None else 0.98 * loss_avg + 0.02 * loss
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_avg:.4f}", val=f"{best['val_exact_match']:.4f}" if best else "-")
+            if step >= config.max_steps:
+                reason = "max_steps"
+            elif max_minutes is not None and time.monotonic() - t_start >= 60 * max_minutes:
+                reason = "time_budget"
+            if step % config.eval_every and reason is None:
+                continue
+            accuracy, val_loss = validate(model, tokenizer, images[val_idx], labels[val_idx], val_sentences)
+            record = {
+                "step": step,
+                "minutes": round((time.monotonic() - t_start) / 60, 2),
+                "train_loss": loss_avg,
+                "val_exact_match": accuracy,
+                "val_loss": val_loss,
+            }
+            history.append(record)
+            if best is None or (accuracy, -val_loss) > (best["val_exact_match"], -best["val_loss"]):
+                best, since_best = record, 0
+                save_captioner(model, tokenizer, out / BEST_DIR)
+            else:
+                since_best += 1
+            bar.write(
+                f"step {step}: train loss {loss_avg:.4f}  val loss {val_loss:.4f}  val exact match {accuracy:.4f}"
+                + ("  *best*" if since_best == 0 else "")
+            )
+            if reason is None and since_best >= config.patience:
+                reason = "converged"
+    except KeyboardInterrupt:
+        reason = "interrupted"
+        bar.write(f"interrupted at step {step}; scoring the best checkpoint so far")
+    finally:
+        bar.close()
+    if best is None:
+        raise TrainingStopped(f"stopped ({reason}) before the first evaluation; no checkpoint was saved")
+    train_minutes = (time.monotonic() - t_start) / 60
+
+    metrics = {
+        "config": dataclasses.asdict(config),
+        "data": str(data),
+        "train_strips": len(train_idx),
+        "val_strips": len(val_idx),
+        "vocabulary": len(tokenizer),
+        "parameters": parameters,
+        "model_megabytes": round(sum(f.stat().st_size for f in (out / BEST_DIR).iterdir()) / 2**20, 3),
+        "stop_reason": reason,
+        "steps": step,
+        "train_minutes": round(train_minutes, 2),
+        "best": best,
+        "history": history,
+        "heldout": heldout_report(out / BEST_DIR, heldout),
+    }
+    metrics["wall_minutes"] = round((time.monotonic() - t_start) / 60, 2)
+    write_json_atomic(out / METRICS_FILE, metrics)
+    report = metrics["heldout"]
+    print(
+        f"held-out exact match {report['exact_match']:.4f} ("
+        + ", ".join(f"{scene} {acc:.4f}" for scene, acc in report["per_scene"].items())
+        + f") on {report['strips']} strips; model {out / BEST_DIR} ({metrics['model_megabytes']} MB)"
+    )
+    return metrics
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Train the offline captioner on synthetic-world state strips.")
+    parser.add_argument("--data", required=True, type=Path, help="folder with train/ and heldout/ episodes")
+    parser.add_argument("--out", required=True, type=Path, help="output folder (receives best/ and metrics.json)")
+    parser.add_argument("--max-minutes", type=float, help="stop training after this many minutes (wall clock)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_dataclass_flags(parser, TrainConfig)  # one flag per setting, e.g. --batch-size
+    args = parser.parse_args(argv)
+    config = dataclass_from_args(TrainConfig, args)
+    torch.set_num_threads(args.threads)
+    try:
+        train(args.data, args.out, config, max_minutes=args.max_minutes, progress=not args.no_progress)
+    except (FileNotFoundError, ValueError, TrainingStopped) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,333 @@
+"""Train the offline pack's renderer (``renderers.pixel_pipeline``) on the synthetic world's state strips.
+
+    python -m pipeline.pack.train_renderer --data DATA --out RUN [--max-minutes 55] [--threads 2] [--seed 0]
+
+The UNet and the text encoder learn together to denoise the state strips of ``DATA/train`` (3 frames of
+one second side by side, 48 x 144) given their sentences. The loss is the squared error of the predicted
+clean strip weighted by min(SNR, ``--snr-cap``) + 1 (the velocity loss, capped at low noise), and by
+1 + ``--motion-weight`` on the pixels that change within the second (what tells a door opening from
+one closing, or a ball falling from one bouncing, is a small part of the strip); the
+sentence is replaced by the empty prompt with probability ``--text-dropout`` (so sampling can use
+classifier-free guidance); AdamW warms up, then decays on a cosine over the time (or step) budget; an
+exponential moving average of the weights is what gets sampled and saved. Convolutions run in
+bfloat16 autocast where the CPU supports it (about twice as fast), attention then with the math kernel
+(the fused CPU kernel is several times slower in bfloat16).
+
+Every ``--sample-minutes`` a grid of a few fixed held-out strips beside their renderings is written to
+``OUT/samples/``; every ``--save-minutes`` and at the end the pipeline is saved in float16 to
+``OUT/pipeline`` (written beside it and renamed into place, so an interrupted run never leaves a
+half-written model), with ``OUT/train_log.json`` (settings, loss curve, throughput). Ctrl-C or SIGTERM
+stops training after the current step and saves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from diffusers.training_utils import EMAModel
+from PIL import Image, ImageDraw
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from tqdm.auto import tqdm
+
+from encoders.world_dataset import read_states
+from renderers.pixel_pipeline import PixelPipelineConfig, PixelTextToImagePipeline, build_pixel_pipeline, check_solver
+from world_model.data.synthetic.world import STATE_FRAMES
+from world_model.training.config import add_dataclass_flags, dataclass_from_args
+from world_model.training.schedule import warmup_cosine
+from world_model.utils.files import atomic_dir, write_json_atomic
+
+PIPELINE_DIR = "pipeline"
+LOG_NAME = "train_log.json"
+SAMPLE_COUNT = 8
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 16
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    warmup_steps: int = 200
+    final_lr_fraction: float = 0.1
+    text_dropout: float = 0.1
+    snr_cap: float = 5.0
+    motion_weight: float = 4.0  # extra loss weight on pixels that change between a strip's frames (0: none)
+    ema_max_decay: float = 0.999
+    max_minutes: float = 55.0
+    max_steps: int | None = None
+    sample_minutes: float = 5.0
+    save_minutes: float = 10.0
+    log_every: int = 25
+    seed: int = 0
+    threads: int = 1
+    bf16: bool = True
+
+
+def to_model_range(images: np.ndarray) -> torch.Tensor:
+    """(B, H, W, 3) uint8 -> (B, 3, H, W) float in [-1, 1]."""
+    return torch.from_numpy(images).permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
+
+
+def motion_mask(images: torch.Tensor, frames: int = STATE_FRAMES, threshold: float = 0.1) -> torch.Tensor:
+    """(B, 3, H, W) strips of ``frames`` frames side by side -> (B, 1, H, W) float mask, 1 where any channel of
+    the pixel differs by more than ``threshold`` between two of the frames (the same pixel lit in every frame),
+    grown by one pixel: where a moving object is, was or will be within the second."""
+    b, c, h, w = images.shape
+    if w % frames:
+        raise ValueError(f"strip width {w} is not a multiple of {frames} frames")
+    per_frame = images.view(b, c, h, frames, w // frames)  # (B, 3, H, frames, w)
+    spread = (per_frame.amax(dim=3) - per_frame.amin(dim=3)).amax(dim=1, keepdim=True)  # (B, 1, H, w)
+    moving = F.max_pool2d((spread > threshold).float(), kernel_size=3, stride=1, padding=1)
+    return moving.repeat(1, 1, 1, frames)
+
+
+def diffusion_loss(
+    pipe: PixelTextToImagePipeline,
+    images: torch.Tensor,
+    prompts: list[str],
+    generator: torch.Generator,
+    snr_cap: float = 5.0,
+    motion_weight: float = 0.0,
+) -> torch.Tensor:
+    """Weighted squared error of the clean image the model predicts from ``images`` (B, 3, H, W) in [-1, 1]
+    noised at uniformly drawn timesteps: x_t = a x + s e with a^2 = alphas_cumprod[t], s^2 = 1 - a^2,
+    weight min(a^2 / s^2, snr_cap) + 1. Uncapped, that is the squared error of the velocity v = a e - s x.
+    ``motion_weight`` > 0 multiplies the error of the pixels of ``motion_mask`` by 1 + motion_weight (what
+    tells one second's motion from its reverse is a small part of the strip)."""
+    alphas_cumprod = pipe.scheduler.alphas_cumprod
+    t = torch.randint(0, len(alphas_cumprod), (len(images),), generator=generator)
+    noise = torch.randn(images.shape, generator=generator)
+    a = alphas_cumprod[t].sqrt().view(-1, 1, 1, 1)
+    s = (1 - alphas_cumprod[t]).sqrt().view(-1, 1, 1, 1)
+    noisy = a * images + s * noise
+    output = pipe.predict(noisy.contiguous(memory_format=torch.channels_last), t, pipe.encode_prompt(prompts)).float()
+    prediction_type = pipe.scheduler.config.prediction_type
+    if prediction_type == "sample":
+        clean = output
+    elif prediction_type == "v_prediction":
+        clean = a * noisy - s * output
+    else:
+        raise ValueError(f"training supports prediction_type 'sample' or 'v_prediction', not {prediction_type!r}")
+    weight = (a / s).pow(2).clamp(max=snr_cap) + 1
+    if motion_weight:
+        weight = weight * (1 + motion_weight * motion_mask(images))
+    return (weight * (clean - images).pow(2)).mean()
+
+
+def sample_grid(
+    pipe: PixelTextToImagePipeline, real: np.ndarray, sentences: list[str], path: Path, seed: int = 0
+) -> None:
+    """Write a PNG: one row per sentence, its real strip (left) beside a rendering (right), under its text."""
+    rendered = pipe(sentences, generator=torch.Generator().manual_seed(seed), output_type="np").images
+    rendered = (rendered * 255).round().astype(np.uint8)
+    height, width = real.shape[1:3]
+    band, gap = 12, 4
+    grid = Image.new("RGB", (2 * width + gap, len(sentences) * (height + band)), "white")
+    draw = ImageDraw.Draw(grid)
+    for i, (strip, image, text) in enumerate(zip(real, rendered, sentences)):
+        top = i * (height + band)
+        draw.text((2, top), text, fill="black")
+        grid.paste(Image.fromarray(strip), (0, top + band))
+        grid.paste(Image.fromarray(image), (width + gap, top + band))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    grid.resize((grid.width * 2, grid.height * 2), Image.Resampling.NEAREST).save(path)
+
+
+def save_pipeline(pipe: PixelTextToImagePipeline, folder: Path) -> None:
+    """Save a float16 copy of ``pipe`` to ``folder``, written beside it and renamed into place."""
+    half = PixelTextToImagePipeline(
+        unet=copy.deepcopy(pipe.unet).half().to(memory_format=torch.contiguous_format),
+        scheduler=pipe.scheduler,
+        text_encoder=copy.deepcopy(pipe.text_encoder).half(),
+        tokenizer=pipe.tokenizer,
+        **{
+            k: pipe.config[k]
+            for k in ("default_num_inference_steps", "default_guidance_scale", "patch_size", "strip_frames")
+        },
+    )
+    with atomic_dir(folder) as tmp:
+        half.save_pretrained(tmp)
+
+
+class EMAWeights:
+    """An exponential moving average of a pipeline's trainable weights, swapped in to sample or save."""
+
+    def __init__(self, parameters: list[torch.nn.Parameter], max_decay: float):
+        self.parameters = parameters
+        self.ema = EMAModel(parameters, decay=max_decay, use_ema_warmup=True, power=2 / 3)
+
+    def update(self) -> None:
+        self.ema.step(self.parameters)
+
+    def __enter__(self):
+        self.ema.store(self.parameters)
+        self.ema.copy_to(self.parameters)
+
+    def __exit__(self, *exc):
+        self.ema.restore(self.parameters)
+
+
+class StopRequest:
+    """Set by SIGINT / SIGTERM; the training loop stops after its current step and saves."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def _handle(self, signum, frame):
+        if self.requested:  # a second signal: stop now, without saving
+            raise KeyboardInterrupt
+        self.requested = True
+        print(f"\nsignal {signum}: stopping after this step and saving", file=sys.stderr)
+
+    def close(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
+def fixed_samples(data: Path) -> tuple[np.ndarray, list[str]]:
+    """``SAMPLE_COUNT`` strips spread over the first held-out episodes (all scene types), and their sentences."""
+    states = read_states(data / "heldout", limit=SAMPLE_COUNT * 2, progress=False)
+    rows = np.linspace(0, len(states) - 1, SAMPLE_COUNT).round().astype(int)
+    return states.images[rows], [states.sentences[i] for i in rows]
+
+
+def train(
+    data: Path, out: Path, config: TrainConfig, model_config: PixelPipelineConfig, limit: int | None = None
+) -> dict:
+    """Train on ``data/train`` (the first ``limit`` episodes), write ``out/pipeline`` and ``out/train_log.json``;
+    return the log."""
+    torch.set_num_threads(config.threads)
+    bf16 = config.bf16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    attention_kernels = [SDPBackend.MATH] if bf16 else [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+    states = read_states(data / "train", limit=limit)
+    sample_real, sample_sentences = fixed_samples(data)
+    pipe = build_pixel_pipeline(states.sentences + sample_sentences, model_config, seed=config.seed)
+    pipe.set_progress_bar_config(disable=True)
+    pipe.unet.to(memory_format=torch.channels_last)
+    parameters = [*pipe.unet.parameters(), *pipe.text_encoder.parameters()]
+    optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay)
+    ema = EMAWeights(parameters, config.ema_max_decay)
+    generator = torch.Generator().manual_seed(config.seed)
+    rng = np.random.default_rng(config.seed)
+    sentences = np.array(states.sentences, dtype=object)
+    budget_s = config.max_minutes * 60
+    log = {
+        "command": " ".join(sys.argv),
+        "train": asdict(config),
+        "model": asdict(model_config),
+        "strips": len(states),
+        "bf16": bf16,
+        "parameters": {
+            "unet": sum(p.numel() for p in pipe.unet.parameters()),
+            "text_encoder": sum(p.numel() for p in pipe.text_encoder.parameters()),
+        },
+        "loss": [],
+    }
+
+    def checkpoint(step: int, minutes: float) -> None:
+        with ema:
+            save_pipeline(pipe, out / PIPELINE_DIR)
+        log.update(
+            steps=step,
+            minutes=round(minutes, 2),
+            samples_seen=step * config.batch_size,
+            samples_per_second=round(step * config.batch_size / max(minutes * 60, 1e-9), 2),
+        )
+        write_json_atomic(out / LOG_NAME, log)
+
+    def samples(step: int) -> None:
+        with ema, torch.no_grad():
+            sample_grid(pipe, sample_real, sample_sentences, out / "samples" / f"step_{step:06d}.png")
+
+    stop = StopRequest()
+    start = last_sample = last_save = time.monotonic()
+    step, running = 0, None
+    progress_bar = tqdm(total=config.max_steps, desc="training renderer", unit="step")
+    try:
+        while not stop.requested:
+            elapsed = time.monotonic() - start
+            progress = elapsed / budget_s
+            if config.max_steps is not None:
+                progress = max(progress, step / config.max_steps)
+            if progress >= 1:
+                break
+            for group in optimizer.param_groups:
+                group["lr"] = warmup_cosine(config.lr, step, progress, config.warmup_steps, config.final_lr_fraction)
+            rows = rng.integers(0, len(states), config.batch_size)
+            prompts = ["" if rng.random() < config.text_dropout else s for s in sentences[rows]]
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16), sdpa_kernel(attention_kernels):
+                loss = diffusion_loss(
+                    pipe, to_model_range(states.images[rows]), prompts, generator, config.snr_cap, config.motion_weight
+                )
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+            optimizer.step()
+            ema.update()
+            step += 1
+            running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
+            progress_bar.update()
+            if step % config.log_every == 0:
+                minutes = (time.monotonic() - start) / 60
+                log["loss"].append(
+                    {
+                        "step": step,
+                        "minutes": round(minutes, 2),
+                        "loss": round(running, 5),
+                        "lr": optimizer.param_groups[0]["lr"],
+                    }
+                )
+                progress_bar.set_postfix(loss=f"{running:.4f}", min=f"{minutes:.1f}")
+            now = time.monotonic()
+            if now - last_sample >= config.sample_minutes * 60:
+                samples(step)
+                last_sample = time.monotonic()
+            if now - last_save >= config.save_minutes * 60:
+                checkpoint(step, (now - start) / 60)
+                last_save = time.monotonic()
+    finally:
+        progress_bar.close()
+        stop.close()
+    minutes = (time.monotonic() - start) / 60
+    samples(step)
+    checkpoint(step, minutes)
+    print(f"saved {out / PIPELINE_DIR} after {step} steps, {minutes:.1f} min, smoothed loss {running}")
+    return log
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, required=True, help="folder with train/ and heldout/ episodes")
+    parser.add_argument("--out", type=Path, required=True, help="run folder: pipeline/, samples/, train_log.json")
+    parser.add_argument("--limit", type=int, default=None, help="use only the first N training episodes")
+    add_dataclass_flags(parser, TrainConfig)  # one flag per setting, e.g. --batch-size
+    add_dataclass_flags(parser, PixelPipelineConfig, skip=("sample_size",))
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    config = dataclass_from_args(TrainConfig, args)
+    model_config = dataclass_from_args(PixelPipelineConfig, args, skip=("sample_size",))
+    if model_config.prediction_type not in ("sample", "v_prediction"):
+        raise SystemExit(f"--prediction-type must be 'sample' or 'v_prediction', got {model_config.prediction_type!r}")
+    try:
+        check_solver(model_config.solver)
+    except ValueError as err:
+        raise SystemExit(f"--{err}") from None
+    train(args.data, args.out, config, model_config, limit=args.limit)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Benchmarks: the paper's Table 5 (`python -m world_model.benchmark`), the attention family, training speed."""

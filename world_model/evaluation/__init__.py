@@ -1,0 +1,1 @@
+"""Scoring a predictor: L_S(4) and token accuracy, count floors, Story Cloze, seed statistics, readout quality."""

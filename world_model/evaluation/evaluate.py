@@ -1,0 +1,253 @@
+"""Validation metrics of a trained predictor on the ROCStories cloze stories (paper, section 8.2).
+
+    python -m world_model.evaluation.evaluate --checkpoint OUT/best --data DATA_DIR [--out FILE.json] [--batch-size 64]
+
+Reported, on the validation windows (S, 5, 16):
+    val_window_loss     the selection loss: sum of window_ce_sum / sum of window_tokens (S(1..4), padding ignored)
+    val_last_ce         L_S(4): mean cross-entropy of the non-padding tokens of S(4)
+    val_token_accuracy  argmax match rate on those tokens
+    val_perplexity      exp(L_S(4))
+    floors              the count floors of world_model/evaluation/floors.py beside them (L_S(4), token accuracy; fitted on the
+                        training stories of DATA_DIR, none when it holds no ROCStories*.csv)
+    story_cloze         Story Cloze accuracy (val and test halves; summed and per-token ending log-likelihood) of the
+                        model and the floors, with the published reference points (world_model/evaluation/story_cloze.py)
+
+`evaluate_windows` is the one evaluation routine; training calls it (through `evaluation_sums`) every epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from world_model.data.rocstories import (
+    CLOZE_PATTERN,
+    STORY_SENTENCES,
+    TRAIN_PATTERN,
+    DataError,
+    Story,
+    encode_windows,
+    load_cloze_halves,
+    load_corpus,
+    read_cloze_csv,
+)
+from world_model.evaluation import story_cloze as sc
+from world_model.evaluation.floors import FLOORS, floor_report
+from world_model.models.checkpoint import CheckpointError
+from world_model.models.precision import PRECISIONS, autocast
+from world_model.models.registry import count_parameters, load_model
+from world_model.text.vocab import Vocabulary
+from world_model.utils.files import write_json_atomic
+
+SUM_KEYS = ("window_ce_sum", "window_tokens", "last_ce_sum", "last_correct", "last_tokens")
+
+
+@torch.no_grad()
+def evaluation_sums(
+    model: nn.Module,
+    windows: torch.Tensor,
+    batch_size: int,
+    device: torch.device | str | None = None,
+    precision: str = "fp32",
+) -> torch.Tensor:
+    """Summed statistics over `windows` (S, T+1, N) in eval mode: float64 tensor ordered as SUM_KEYS.
+    `precision` "bf16" runs the forward passes under bf16 autocast (the sums stay fp32 / float64).
+
+    The model's train/eval mode is restored afterwards. Sums (not means) so that shards evaluated by
+    several processes can be added before dividing.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if device is None:
+        device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(len(SUM_KEYS), dtype=torch.float64, device=device)
+    try:
+        for start in range(0, len(windows), batch_size):
+            batch = windows[start : start + batch_size].to(device)
+            with autocast(precision, device):
+                stats = model.training_step(batch)
+            sums += torch.stack([getattr(stats, k).detach().double() for k in SUM_KEYS])
+    finally:
+        model.train(was_training)
+    return sums
+
+
+def metrics_from_sums(sums: torch.Tensor | Sequence[float]) -> dict:
+    """The four validation metrics from summed statistics (ordered as SUM_KEYS)."""
+    s = dict(zip(SUM_KEYS, (float(v) for v in (sums.tolist() if isinstance(sums, torch.Tensor) else sums))))
+    if s["window_tokens"] <= 0 or s["last_tokens"] <= 0:
+        raise ValueError("the validation windows hold no non-padding target tokens")
+    last_ce = s["last_ce_sum"] / s["last_tokens"]
+    try:
+        perplexity = math.exp(last_ce)
+    except OverflowError:
+        perplexity = float("inf")
+    return {
+        "val_window_loss": s["window_ce_sum"] / s["window_tokens"],
+        "val_last_ce": last_ce,
+        "val_token_accuracy": s["last_correct"] / s["last_tokens"],
+        "val_perplexity": perplexity,
+        "window_tokens": int(s["window_tokens"]),
+        "last_tokens": int(s["last_tokens"]),
+    }
+
+
+def evaluate_windows(
+    model: nn.Module,
+    windows: torch.Tensor,
+    batch_size: int = 64,
+    device: torch.device | str | None = None,
+    precision: str = "fp32",
+) -> dict:
+    """Validation metrics of `model` on `windows` (S, T+1, N); see the module docstring."""
+    metrics = metrics_from_sums(evaluation_sums(model, windows, batch_size, device, precision))
+    metrics["validation_windows"] = len(windows)
+    return metrics
+
+
+def load_validation_stories(data_dir: str | os.PathLike) -> list[Story]:
+    """The Story Cloze stories of `data_dir` (cloze_test_*.csv, sorted), in the order training reads them."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise DataError(f"{data_dir}: no such folder")
+    files = sorted(data_dir.glob(CLOZE_PATTERN))
+    if not files:
+        raise DataError(f"{data_dir}: no validation file ({CLOZE_PATTERN}) found")
+    return [story for path in files for story in read_cloze_csv(path)]
+
+
+def encode_stories(stories: Sequence[Story], vocab: Vocabulary, n: int) -> tuple[torch.Tensor, dict]:
+    """Windows (S, 5, n) of `stories` with `vocab` (unknown words -> UNK id) and the encoding statistics."""
+    ids, stats = vocab.encode_with_stats([s for story in stories for s in story.sentences], n)
+    return ids.reshape(len(stories), STORY_SENTENCES, n), stats
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def evaluate_checkpoint(
+    checkpoint: str | os.PathLike,
+    data_dir: str | os.PathLike,
+    batch_size: int = 64,
+    device: str | None = None,
+    precision: str = "fp32",
+) -> dict:
+    """Load a checkpoint folder (any registered model type) and its vocab.json; evaluate on the cloze stories
+    (L_S(4) and the other metrics in `precision`; Story Cloze and the floors in fp32)."""
+    device = device or default_device()
+    model = load_model(checkpoint, device=device)
+    vocab = Vocabulary.load(Path(checkpoint))
+    windows, stats = encode_stories(load_validation_stories(data_dir), vocab, getattr(model.config, "n_tokens", 16))
+    metrics = evaluate_windows(model, windows, batch_size, device, precision)
+    n = windows.shape[2]
+    halves = load_cloze_halves(data_dir)
+    floors, floor_rows = fitted_floors(data_dir, vocab, windows)
+    return {
+        "val_last_ce": metrics["val_last_ce"],
+        "val_token_accuracy": metrics["val_token_accuracy"],
+        "val_perplexity": metrics["val_perplexity"],
+        "val_window_loss": metrics["val_window_loss"],
+        "validation_windows": metrics["validation_windows"],
+        "last_tokens": metrics["last_tokens"],
+        "unknown_tokens": stats["unknown"],
+        "checkpoint": str(checkpoint),
+        "model_type": model.config.to_dict()["model_type"],
+        "parameters": count_parameters(model),
+        "precision": precision,
+        "floors": floor_rows,
+        "story_cloze": {
+            "model": sc.story_cloze(sc.model_scorer(model, batch_size), halves, vocab, n),
+            **{name: sc.story_cloze(sc.floor_scorer(floor), halves, vocab, n) for name, floor in floors.items()},
+            "references": sc.REFERENCES,
+        },
+    }
+
+
+def fitted_floors(
+    data_dir: str | os.PathLike, vocab: Vocabulary, val_windows: torch.Tensor
+) -> tuple[dict, dict | None]:
+    """The floors fitted on the training stories of `data_dir` (encoded with `vocab`) and measured on `val_windows`:
+    ({name: CountFloor}, their report), or ({}, None) when `data_dir` holds no training file."""
+    if not any(Path(data_dir).glob(TRAIN_PATTERN)):
+        return {}, None
+    train_windows = encode_windows(load_corpus(data_dir).train, vocab, val_windows.shape[2])
+    return floor_report(train_windows, val_windows, len(vocab))
+
+
+def print_result(result: dict) -> None:
+    """The metrics, then the floors beside the model and the Story Cloze accuracies."""
+    for key, value in result.items():
+        if not isinstance(value, dict) and value is not None:
+            print(f"{key}: {value:.6f}" if isinstance(value, float) else f"{key}: {value}")
+    floors = result["floors"]
+    if floors is None:
+        print("floors: none (no training file ROCStories*.csv in the data folder)")
+    else:
+        sel = floors["selection"]
+        print(
+            f"floors on the same validation tokens (fitted on {floors['train_windows']} training windows; settings chosen on the "
+            f"last {sel['heldout_windows']} of them, held out):"
+        )
+        for name in FLOORS:
+            f = floors[name]
+            print(
+                f"  {name:<22} L_S(4) {f['val_last_ce']:.4f}  token accuracy {f['val_token_accuracy']:.4f}  "
+                f"(alpha {f['alpha']:g}" + (f", copy weight {f['copy_weight']:g})" if f["copy_weight"] else ")")
+            )
+        print(f"  {'model':<22} L_S(4) {result['val_last_ce']:.4f}  token accuracy {result['val_token_accuracy']:.4f}")
+    print("Story Cloze accuracy (right ending by S(4) log-likelihood; summed / per token):")
+    for name, halves in result["story_cloze"].items():
+        if name != "references":
+            print(
+                f"  {name:<22} "
+                + "  ".join(
+                    f"{half} {h['summed']:.3f} / {h['per_token']:.3f} ({h['stories']} stories)"
+                    for half, h in halves.items()
+                )
+            )
+    print("  published: " + ", ".join(f"{k} {v:.3f}" for k, v in result["story_cloze"]["references"].items()))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Validation metrics of a trained checkpoint (paper, section 8.2).")
+    parser.add_argument(
+        "--checkpoint", required=True, type=Path, help="folder written by save_pretrained (e.g. OUT/best)"
+    )
+    parser.add_argument("--data", required=True, type=Path, help="folder with cloze_test_*.csv")
+    parser.add_argument("--out", type=Path, help="also write the metrics to this JSON file")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    parser.add_argument(
+        "--precision", choices=PRECISIONS, default="fp32", help="bf16: the forward passes under bf16 autocast"
+    )
+    args = parser.parse_args(argv)
+    if args.batch_size < 1:
+        parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
+    try:
+        result = evaluate_checkpoint(args.checkpoint, args.data, args.batch_size, args.device, args.precision)
+    except (DataError, CheckpointError, FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print_result(result)
+    if result["unknown_tokens"]:
+        print(
+            f"note: {result['unknown_tokens']} validation token(s) are not in the checkpoint's vocabulary (scored as <unk>)"
+        )
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(args.out, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

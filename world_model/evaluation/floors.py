@@ -1,0 +1,214 @@
+"""Count floors for L_S(4): predictors of S(4)'s tokens that learn nothing about stories (issue 13).
+
+Three floors, each a distribution over the ids of the vocabulary but padding (padding is never a target;
+the unknown id is an ordinary outcome, as it is for the models' softmax):
+
+    unigram                 token counts over every sentence of the training windows, add-alpha smoothed
+    position_unigram        one such distribution per token slot n (counts at slot n of all five sentences)
+    position_unigram_copy   (1 - w) position_unigram + w copy, copy(v) = the share of v among the
+                            non-padding tokens of the window's four context sentences S(0..3)
+
+Selection (`select_floors`) reads training windows only: the last HELDOUT_FRACTION of them (in corpus order)
+are held out, the floors are fitted on the rest, alpha is the grid value of ALPHAS of lowest held-out L_S(4)
+(per floor) and the copy weight the value of COPY_WEIGHTS of lowest held-out L_S(4) at the position
+floor's alpha. The chosen floors are then refitted on all the training windows given. L_S(4) is the mean
+cross-entropy (nats) over the non-padding tokens of S(4), as the models report it; token accuracy is the
+argmax match rate on the same tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from world_model.text.vocab import PAD_ID
+
+HELDOUT_FRACTION = 0.1
+ALPHAS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+COPY_WEIGHTS = tuple(round(0.05 * i, 2) for i in range(1, 13))  # 0.05 .. 0.6
+FLOORS = ("unigram", "position_unigram", "position_unigram_copy")
+CONTEXT = 4  # S(0..3) condition S(4)
+
+
+def check_windows(windows: torch.Tensor, vocab_size: int, name: str = "windows") -> None:
+    """Integer windows (S >= 1, 5, N) with ids in [0, vocab_size); ValueError otherwise."""
+    if (
+        not isinstance(windows, torch.Tensor)
+        or windows.dtype.is_floating_point
+        or windows.dim() != 3
+        or windows.shape[1] != CONTEXT + 1
+        or windows.shape[0] < 1
+    ):
+        raise ValueError(
+            f"{name} must be an integer tensor (S >= 1, {CONTEXT + 1}, N), got "
+            f"{getattr(windows, 'dtype', type(windows).__name__)} {tuple(getattr(windows, 'shape', ()))}"
+        )
+    if int(windows.min()) < 0 or int(windows.max()) >= vocab_size:
+        raise ValueError(f"{name} hold ids outside [0, {vocab_size})")
+
+
+def slot_counts(windows: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(N, V) float64: how often each id stands at each slot over all five sentences (padding counted too,
+    and ignored by the floors)."""
+    check_windows(windows, vocab_size)
+    n = windows.shape[2]
+    flat = (torch.arange(n)[None, None, :] * vocab_size + windows.long()).reshape(-1)
+    return torch.bincount(flat, minlength=n * vocab_size).reshape(n, vocab_size).double()
+
+
+@dataclass
+class CountFloor:
+    """A fitted floor: `table` (N, V) holds p(v | slot n) (rows equal for the unigram), zero at padding."""
+
+    name: str
+    alpha: float
+    copy_weight: float
+    table: torch.Tensor
+
+    @classmethod
+    def fit(cls, name: str, counts: torch.Tensor, alpha: float, copy_weight: float = 0.0) -> "CountFloor":
+        """The floor `name` from `slot_counts`, add-`alpha` smoothed over the V - 1 ids but padding."""
+        if name not in FLOORS:
+            raise ValueError(f"unknown floor {name!r}; floors: {list(FLOORS)}")
+        if not alpha > 0:
+            raise ValueError(f"alpha must be > 0, got {alpha}")
+        if not 0 <= copy_weight < 1 or (copy_weight > 0) != (name == "position_unigram_copy"):
+            raise ValueError(
+                f"copy weight {copy_weight} does not fit floor {name!r} (in (0, 1) for the copy floor, else 0)"
+            )
+        counts = counts.clone()
+        counts[:, PAD_ID] = 0
+        if name == "unigram":
+            counts = counts.sum(0, keepdim=True).expand_as(counts)
+        smoothed = counts + alpha
+        smoothed[:, PAD_ID] = 0
+        return cls(name, alpha, copy_weight, smoothed / smoothed.sum(-1, keepdim=True))
+
+    def _copy(self, context: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """copy(ids[s, ...]) from the context of window s, and the weight w[s] (0 where the context is empty)."""
+        ctx = context.reshape(len(context), -1)
+        live = ctx != PAD_ID
+        n_ctx = live.sum(1)
+        shape = ids.shape
+        flat = ids.reshape(len(ids), -1)
+        hits = ((flat[:, :, None] == ctx[:, None, :]) & live[:, None, :]).sum(-1).double()
+        copy = (hits / n_ctx.clamp(min=1)[:, None].double()).reshape(shape)
+        weight = (n_ctx > 0).double() * self.copy_weight
+        return copy, weight.reshape(-1, *([1] * (len(shape) - 1)))
+
+    def token_probs(self, context: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """p(target[s, n]) given the window's context (S, 4, N): float64 (S, N)."""
+        slots = torch.arange(target.shape[1])[None, :]
+        p = self.table[slots, target.long()]
+        if self.copy_weight:
+            copy, w = self._copy(context, target.long())
+            p = (1 - w) * p + w * copy
+        return p
+
+    def token_log_probs(self, context: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """log p(target[s, n]) given the context (S, 4, N): float64 (S, N), 0 at padding targets."""
+        return torch.where(target != PAD_ID, self.token_probs(context, target).log(), 0.0)
+
+    def predictions(self, context: torch.Tensor) -> torch.Tensor:
+        """The argmax id of every slot of S(4) given the context (S, 4, N): (S, N).
+
+        With copy, the argmax is the slot's own argmax or one of the context tokens (copy adds mass only
+        there), so only those candidates are compared (the slot's argmax wins ties)."""
+        S, n = len(context), self.table.shape[0]
+        best = self.table.argmax(-1).expand(S, n)  # (S, N)
+        if not self.copy_weight:
+            return best
+        ctx = context.reshape(S, -1).long()  # (S, 4N)
+        copy_best, w = self._copy(context, best)
+        copy_ctx, _ = self._copy(context, ctx)
+        slots = torch.arange(n)[None, :]
+        p_best = (1 - w) * self.table[slots, best] + w * copy_best  # (S, N)
+        p_ctx = (1 - w[:, :, None]) * self.table[slots[..., None], ctx[:, None, :]] + (w * copy_ctx)[
+            :, None, :
+        ]  # (S, N, 4N)
+        p_ctx = torch.where(ctx[:, None, :] != PAD_ID, p_ctx, -1.0)
+        top, where = p_ctx.max(-1)
+        return torch.where(top > p_best, ctx.gather(1, where), best)
+
+
+def floor_metrics(floor: CountFloor, windows: torch.Tensor, accuracy: bool = True) -> dict:
+    """L_S(4) (nats, mean over the non-padding S(4) tokens) and token accuracy (unless `accuracy` is False)
+    of `floor` on `windows` (S, 5, N)."""
+    check_windows(windows, floor.table.shape[1])
+    if windows.shape[2] != floor.table.shape[0]:
+        raise ValueError(
+            f"windows have {windows.shape[2]} slots a sentence, the floor was fitted on {floor.table.shape[0]}"
+        )
+    context, target = windows[:, :CONTEXT], windows[:, CONTEXT]
+    live = target != PAD_ID
+    tokens = int(live.sum())
+    if not tokens:
+        raise ValueError("the windows hold no non-padding S(4) token")
+    metrics = {"last_ce": -float(floor.token_log_probs(context, target).sum()) / tokens, "last_tokens": tokens}
+    if accuracy:
+        metrics["token_accuracy"] = int(((floor.predictions(context) == target) & live).sum()) / tokens
+    return metrics
+
+
+def split_heldout(windows: torch.Tensor, fraction: float = HELDOUT_FRACTION) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fit, held-out): the last ceil(fraction * S) windows are held out; both parts must be non-empty."""
+    held = math.ceil(fraction * len(windows))
+    if not 0 < held < len(windows):
+        raise ValueError(
+            f"cannot hold out {fraction:g} of {len(windows)} training window(s): both parts must be non-empty"
+        )
+    return windows[:-held], windows[-held:]
+
+
+def select_floors(train_windows: torch.Tensor, vocab_size: int, fraction: float = HELDOUT_FRACTION) -> dict:
+    """Choose every floor's settings on a held-out slice of the training windows, then refit on them all.
+
+    Returns {"floors": {name: CountFloor}, "selection": {"fit_windows", "heldout_windows", "heldout_fraction",
+    name: {"alpha", "copy_weight", "heldout_last_ce"}}}. Nothing but `train_windows` is read.
+    """
+    check_windows(train_windows, vocab_size, "training windows")
+    fit, held = split_heldout(train_windows, fraction)
+    counts = slot_counts(fit, vocab_size)
+
+    def heldout_ce(name: str, alpha: float, weight: float = 0.0) -> float:
+        return floor_metrics(CountFloor.fit(name, counts, alpha, weight), held, accuracy=False)["last_ce"]
+
+    selection: dict = {"fit_windows": len(fit), "heldout_windows": len(held), "heldout_fraction": fraction}
+    for name in ("unigram", "position_unigram"):
+        scores = {alpha: heldout_ce(name, alpha) for alpha in ALPHAS}
+        alpha = min(scores, key=scores.get)
+        selection[name] = {"alpha": alpha, "copy_weight": 0.0, "heldout_last_ce": scores[alpha]}
+    alpha = selection["position_unigram"]["alpha"]
+    scores = {w: heldout_ce("position_unigram_copy", alpha, w) for w in COPY_WEIGHTS}
+    weight = min(scores, key=scores.get)
+    selection["position_unigram_copy"] = {"alpha": alpha, "copy_weight": weight, "heldout_last_ce": scores[weight]}
+    all_counts = slot_counts(train_windows, vocab_size)
+    floors = {
+        name: CountFloor.fit(name, all_counts, selection[name]["alpha"], selection[name]["copy_weight"])
+        for name in FLOORS
+    }
+    return {"floors": floors, "selection": selection}
+
+
+def floor_report(train_windows: torch.Tensor, val_windows: torch.Tensor, vocab_size: int) -> tuple[dict, dict]:
+    """Select and refit the floors on `train_windows`, then measure them on `val_windows`.
+
+    Returns (floors {name: CountFloor}, report {"selection": ..., "train_windows", name: {"alpha", "copy_weight",
+    "heldout_last_ce", "val_last_ce", "val_token_accuracy", "last_tokens"}}).
+    """
+    chosen = select_floors(train_windows, vocab_size)
+    report = {
+        "train_windows": len(train_windows),
+        "selection": {k: v for k, v in chosen["selection"].items() if k not in FLOORS},
+    }
+    for name, floor in chosen["floors"].items():
+        m = floor_metrics(floor, val_windows)
+        report[name] = {
+            **chosen["selection"][name],
+            "val_last_ce": m["last_ce"],
+            "val_token_accuracy": m["token_accuracy"],
+            "last_tokens": m["last_tokens"],
+        }
+    return chosen["floors"], report

@@ -1,0 +1,377 @@
+"""Readability of a predictor's next sentences, per readout: the paper's per-slot tokens against the sentence bank.
+
+    python -m world_model.evaluation.readout_eval --checkpoint world_model/pretrained/rocstories-cpu \
+        --data ../shared/data/rocstories --out docs/readout
+    python -m world_model.evaluation.readout_eval --checkpoint ... --data ... --out docs/readout --select
+
+The first scores the 3,742 cloze contexts (sentences 1-4; the right ending is the true next sentence) with
+the checkpoint's own bank. `--select` chooses the bank's settings on training stories instead: the last
+`--heldout` training stories are the contexts and a bank is built from the others, so no validation story
+and no true next sentence is in it. Each writes `results.json` / `selection.json` and a Markdown table.
+
+Measures, for one predicted sentence per context:
+- well-formed (bigrams, trigrams): ends with `.`, `!` or `?` and every token bigram (trigram), sentence start
+  and end included, occurs in the training stories; the true next sentences' own shares show how often the
+  test rejects real sentences it has not seen;
+- word F1: overlap of the predicted and true word tokens (punctuation left out), as multisets; content-word
+  F1 the same without the `COMMON_WORDS` most frequent tokens of the training stories ("he", "was", "to", ...);
+- slot accuracy: the share of the true sentence's slots whose token the prediction has in the same slot
+  (the token accuracy of L_S(4), for the chosen sentence);
+- exact: the prediction is the true sentence; `in_bank` counts contexts whose true sentence is in the bank;
+- repeats: over a 5-step rollout, the share of rollouts that predict a sentence already in the window or
+  predicted before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from world_model.data.rocstories import encode_windows, load_corpus
+from world_model.generation.sentence_bank import (
+    LENGTH_POWER,
+    SentenceBank,
+    bank_rollout,
+    distinct_sentences,
+    find_names,
+    load_bank,
+)
+from world_model.models.registry import load_predictor
+from world_model.text.vocab import PAD_ID, SENTENCE_END_TOKENS, Vocabulary, tokenize
+
+EXAMPLES = 10  # fixed contexts shown side by side: every (contexts // EXAMPLES)-th one, from the first
+ROLLOUT_STEPS = 5
+COMMON_WORDS = 100  # the most frequent training tokens, left out of the content-word F1
+
+
+def ngrams(tokens: list[str], n: int) -> list[tuple[str, ...]]:
+    """The token n-grams of a sentence, with "<s>" before its first token and "</s>" after its last."""
+    padded = ["<s>", *tokens, "</s>"]
+    return list(zip(*(padded[i:] for i in range(n))))
+
+
+def attested(sentences: list[str], n: int) -> set[tuple[str, ...]]:
+    """Every token n-gram of the sentences (`ngrams`)."""
+    return {gram for s in sentences for gram in ngrams(tokenize(s), n)}
+
+
+def well_formed(tokens: list[str], grams: set[tuple[str, ...]], n: int) -> bool:
+    """Ends with sentence-final punctuation and every n-gram (with start and end) is attested in `grams`."""
+    return bool(tokens) and tokens[-1] in SENTENCE_END_TOKENS and all(g in grams for g in ngrams(tokens, n))
+
+
+def word_f1(predicted: list[str], true: list[str], skip: frozenset[str] = frozenset()) -> float:
+    """F1 of the word tokens (those with a letter or digit) of two sentences, as multisets, words in `skip` left out."""
+    p, t = (Counter(w for w in ws if any(ch.isalnum() for ch in w) and w not in skip) for ws in (predicted, true))
+    shared = sum((p & t).values())
+    return 0.0 if shared == 0 else 2 * shared / (sum(p.values()) + sum(t.values()))
+
+
+def predict(
+    model,
+    windows: torch.Tensor,
+    readout: dict,
+    vocab: Vocabulary,
+    bank: SentenceBank | None,
+    steps: int = 1,
+    batch: int = 64,
+) -> torch.Tensor:
+    """Predicted states (S, steps, N) of windows (S, T, N), `batch` windows at a time. `readout` is {"kind":
+    "tokens"} or {"kind": "bank", "names": bool, "guard": bool, "length_power": float}."""
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(windows), batch):
+            w = windows[start : start + batch]
+            if readout["kind"] == "tokens":
+                out.append(model.rollout(w, steps, end_ids=vocab.end_ids))
+            else:
+                options = {k: readout[k] for k in ("names", "guard", "length_power")}
+                out.append(bank_rollout(model, w, steps, bank, **options))
+    return torch.cat(out)
+
+
+def one_step_measures(
+    predicted: torch.Tensor,
+    true: torch.Tensor,
+    vocab: Vocabulary,
+    grams: dict[int, set],
+    bank: SentenceBank | None,
+    common: frozenset[str] = frozenset(),
+) -> dict:
+    """Shares over contexts of predicted states (S, N) against the true ones (S, N)."""
+    pred_tokens = [tokenize(vocab.decode(row)) for row in predicted]
+    true_tokens = [tokenize(vocab.decode(row)) for row in true]
+    live = true != PAD_ID
+    exact = (predicted == true).all(dim=1)
+    result = {
+        **{
+            f"well_formed_{n}grams": sum(well_formed(p, g, n) for p in pred_tokens) / len(pred_tokens)
+            for n, g in grams.items()
+        },
+        "word_f1": sum(map(word_f1, pred_tokens, true_tokens)) / len(pred_tokens),
+        "content_word_f1": sum(word_f1(p, t, common) for p, t in zip(pred_tokens, true_tokens)) / len(pred_tokens),
+        "slot_accuracy": float(((predicted == true) & live).sum() / live.sum()),
+        "exact": float(exact.float().mean()),
+        "mean_tokens": sum(map(len, pred_tokens)) / len(pred_tokens),
+    }
+    if bank is not None:
+        in_bank = torch.isin((true * bank.hash_weights).sum(dim=1), bank.hashes)  # hash match; exact below
+        in_bank &= torch.tensor(
+            [
+                bool((bank.candidates[bank.hashes == h] == row).all(dim=1).any())
+                for h, row in zip((true * bank.hash_weights).sum(dim=1), true)
+            ]
+        )
+        result["in_bank"] = int(in_bank.sum())
+        result["retrieved_when_in_bank"] = float(exact[in_bank].float().mean()) if in_bank.any() else None
+    return result
+
+
+def repeat_share(windows: torch.Tensor, rollouts: torch.Tensor) -> float:
+    """Share of rollouts (S, steps, N) that predict a state already in their window (S, T, N) or predicted
+    before (empty states aside)."""
+    repeats = 0
+    for window, states in zip(windows, rollouts):
+        seen = {tuple(row) for row in window.tolist() if any(row)}
+        for row in map(tuple, states.tolist()):
+            if row in seen:
+                repeats += 1
+                break
+            seen.add(row)
+    return repeats / len(windows)
+
+
+def timed(fn):
+    start = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - start
+
+
+def evaluate(
+    model,
+    vocab,
+    windows,
+    true,
+    bank,
+    one_step: dict[str, dict],
+    rollouts: dict[str, dict],
+    grams,
+    rollout_contexts: int,
+    common: frozenset[str] = frozenset(),
+) -> dict[str, dict]:
+    """One-step measures and timing for the `one_step` readouts, and the repeat share of 5-step rollouts on the
+    first `rollout_contexts` contexts for the `rollouts` readouts."""
+    results = {}
+    for name, readout in one_step.items():
+        predicted, seconds = timed(lambda: predict(model, windows, readout, vocab, bank)[:, 0])
+        singles = min(20, len(windows))
+        _, single = timed(lambda: [predict(model, windows[i : i + 1], readout, vocab, bank) for i in range(singles)])
+        results[name] = {
+            **readout,
+            **one_step_measures(predicted, true, vocab, grams, bank, common),
+            "ms_per_prediction_batched": round(1000 * seconds / len(windows), 2),
+            "ms_per_prediction_one_at_a_time": round(1000 * single / singles, 2),
+        }
+        print(name, json.dumps(results[name]), flush=True)
+    for name, readout in rollouts.items():
+        states = predict(model, windows[:rollout_contexts], readout, vocab, bank, steps=ROLLOUT_STEPS)
+        results.setdefault(name, dict(readout))["rollout_repeat_share"] = repeat_share(
+            windows[:rollout_contexts], states
+        )
+        results[name]["rollout_well_formed_3grams"] = (
+            sum(well_formed(tokenize(vocab.decode(r)), grams[3], 3) for r in states.flatten(0, 1))
+            / states[..., 0].numel()
+        )
+        print(name, json.dumps(results[name]), flush=True)
+    generator = torch.Generator().manual_seed(0)
+    if bank is not None:  # a floor: a random bank sentence for every context
+        random_rows = bank.candidates[torch.randint(len(bank.candidates), (len(windows),), generator=generator)]
+        results["random bank sentence"] = one_step_measures(random_rows, true, vocab, grams, None, common)
+    results["true next sentence"] = one_step_measures(true, true, vocab, grams, None, common)
+    return results
+
+
+def fixed_examples(model, vocab, bank, stories, windows: torch.Tensor) -> list[dict]:
+    """The per-slot and the bank readout side by side for every (contexts // EXAMPLES)-th context (S, 5, N)."""
+    rows = list(range(0, len(windows), max(1, len(windows) // EXAMPLES)))[:EXAMPLES]
+    context = windows[rows, :4]
+    tokens = predict(model, context, {"kind": "tokens"}, vocab, bank)[:, 0]
+    banked = predict(model, context, next(iter(bank_readouts().values())), vocab, bank)[:, 0]
+    return [
+        {
+            "index": i,
+            "context": list(stories[i].sentences[:4]),
+            "tokens": vocab.decode(t),
+            "bank": vocab.decode(b),
+            "true": stories[i].sentences[4],
+        }
+        for i, t, b in zip(rows, tokens, banked)
+    ]
+
+
+def bank_readouts(names_options=(True,), powers=(LENGTH_POWER,), guards=(True,)) -> dict[str, dict]:
+    return {
+        f"bank (names {'on' if n else 'off'}, length power {p}, guard {'on' if g else 'off'})": {
+            "kind": "bank",
+            "names": n,
+            "guard": g,
+            "length_power": p,
+        }
+        for n in names_options
+        for p in powers
+        for g in guards
+    }
+
+
+def markdown(title: str, command: str, results: dict, examples: list[dict] | None) -> str:
+    """The results as a Markdown table (and the fixed examples side by side, when given)."""
+
+    def cell(r: dict, key: str, fmt: str = ".3f") -> str:
+        return "" if r.get(key) is None else format(r[key], fmt)
+
+    lines = [
+        f"# {title}",
+        "",
+        "```",
+        command,
+        "```",
+        "",
+        "| readout | well-formed (bigrams / trigrams) | word F1 | content-word F1 | slot accuracy | exact | mean tokens | "
+        "true in bank | retrieved when in bank | ms / prediction (batched / one) | 5-step rollouts with a repeat |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in results.items():
+        formed = f"{cell(r, 'well_formed_2grams')} / {cell(r, 'well_formed_3grams')}" if "word_f1" in r else ""
+        speed = f"{cell(r, 'ms_per_prediction_batched', '.1f')} / {cell(r, 'ms_per_prediction_one_at_a_time', '.1f')}"
+        lines.append(
+            " | ".join(
+                [
+                    "",
+                    name,
+                    formed,
+                    cell(r, "word_f1"),
+                    cell(r, "content_word_f1"),
+                    cell(r, "slot_accuracy"),
+                    cell(r, "exact", ".4f"),
+                    cell(r, "mean_tokens", ".1f"),
+                    cell(r, "in_bank", "d"),
+                    cell(r, "retrieved_when_in_bank"),
+                    speed if "ms_per_prediction_batched" in r else "",
+                    cell(r, "rollout_repeat_share"),
+                    "",
+                ]
+            ).strip()
+        )
+    return "\n".join(lines + ([""] + examples_markdown(examples) if examples else [])) + "\n"
+
+
+def examples_markdown(examples: list[dict]) -> list[str]:
+    lines = [
+        "## Ten fixed contexts",
+        "",
+        "| # | context (sentences 1-4) | per-slot readout | bank readout | true next sentence |",
+        "|---:|---|---|---|---|",
+    ]
+    return lines + [
+        f"| {e['index']} | {' '.join(e['context'])} | {e['tokens']} | {e['bank']} | {e['true']} |" for e in examples
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m world_model.evaluation.readout_eval", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--checkpoint", required=True, help="predictor folder (with sentence_bank.json.gz unless --select)"
+    )
+    parser.add_argument("--data", required=True, help="ROCStories folder")
+    parser.add_argument("--out", required=True, help="folder for results.json / selection.json and .md")
+    parser.add_argument("--select", action="store_true", help="choose settings on held-out training stories")
+    parser.add_argument("--heldout", type=int, default=1000, help="training stories held out with --select")
+    parser.add_argument("--rollout-contexts", type=int, default=1000, help="contexts rolled out 5 steps")
+    parser.add_argument(
+        "--examples-only",
+        action="store_true",
+        help="write only the ten fixed examples (examples.json, examples.md), without the measures",
+    )
+    args = parser.parse_args(argv)
+    command = "python -m world_model.evaluation.readout_eval " + " ".join(argv if argv is not None else sys.argv[1:])
+    model, vocab, _ = load_predictor(args.checkpoint)
+    model.eval()
+    n_tokens = model.config.n_tokens
+    corpus = load_corpus(args.data)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    bank = None if args.select else load_bank(args.checkpoint, vocab, n_tokens)
+    if bank is None and not args.select:
+        print(
+            f"error: {args.checkpoint} has no sentence bank; build one with python -m world_model.generation.sentence_bank",
+            file=sys.stderr,
+        )
+        return 2
+    if args.examples_only:
+        examples = fixed_examples(
+            model, vocab, bank, corpus.validation, encode_windows(corpus.validation, vocab, n_tokens)
+        )
+        (out / "examples.json").write_text(json.dumps({"command": command, "examples": examples}, indent=2) + "\n")
+        (out / "examples.md").write_text("\n".join([f"```\n{command}\n```", "", *examples_markdown(examples)]) + "\n")
+        return 0
+    train_sentences = [s for story in corpus.train for s in story.sentences]
+    grams = {n: attested(train_sentences, n) for n in (2, 3)}
+    counts = Counter(t for s in train_sentences for t in tokenize(s))
+    common = frozenset(t for t, _ in counts.most_common(COMMON_WORDS))
+    if args.select:
+        kept, heldout = corpus.train[: -args.heldout], corpus.train[-args.heldout :]
+        sentences = distinct_sentences([s for story in kept for s in story.sentences], n_tokens)
+        bank = SentenceBank.encode(sentences, find_names(sentences), vocab, n_tokens)
+        windows = encode_windows(heldout, vocab, n_tokens)
+        grid = bank_readouts(names_options=(False, True), powers=(0.0, 0.5, 1.0, 1.5, 2.0), guards=(False,))
+        guarded = bank_readouts(powers=(LENGTH_POWER,), guards=(True,))
+        one_step = {"tokens": {"kind": "tokens"}, **grid}
+        rollouts = {"tokens": {"kind": "tokens"}, **guarded, **bank_readouts(guards=(False,))}
+        report = evaluate(
+            model, vocab, windows[:, :4], windows[:, 4], bank, one_step, rollouts, grams, args.rollout_contexts, common
+        )
+        payload = {
+            "command": command,
+            "contexts": len(heldout),
+            "bank_sentences": len(sentences),
+            "rollout_contexts": args.rollout_contexts,
+            "results": report,
+        }
+        (out / "selection.json").write_text(json.dumps(payload, indent=2) + "\n")
+        title = (
+            f"Readout settings chosen on {len(heldout)} held-out training stories (bank: the other "
+            f"{len(corpus.train) - len(heldout)} stories' {len(sentences)} sentences)"
+        )
+        (out / "selection.md").write_text(markdown(title, command, report, None))
+        return 0
+    windows = encode_windows(corpus.validation, vocab, n_tokens)
+    one_step = {"tokens": {"kind": "tokens"}, **bank_readouts()}
+    rollouts = {**one_step, **bank_readouts(guards=(False,))}
+    report = evaluate(
+        model, vocab, windows[:, :4], windows[:, 4], bank, one_step, rollouts, grams, args.rollout_contexts, common
+    )
+    examples = fixed_examples(model, vocab, bank, corpus.validation, windows)
+    payload = {
+        "command": command,
+        "contexts": len(windows),
+        "bank_sentences": len(bank.candidates),
+        "rollout_contexts": args.rollout_contexts,
+        "results": report,
+        "examples": examples,
+    }
+    (out / "results.json").write_text(json.dumps(payload, indent=2) + "\n")
+    title = f"Readouts of {args.checkpoint} on the {len(windows)} cloze contexts"
+    (out / "results.md").write_text(markdown(title, command, report, examples))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""Story Cloze accuracy: pick the right one of two endings by its S(4) log-likelihood given S(0..3) (issue 13).
+
+Each ending is scored as the story's S(4) after the four context sentences, by
+    a 4-tensor model   log_softmax(last_slice_logits(context)) at the ending's non-padding tokens
+    the baseline       `score_sentences`: its teacher-forced log-likelihood, the closing [EOS] included
+    a count floor      `CountFloor.token_log_probs`
+"summed" picks the ending of higher total log-likelihood, "per_token" the higher mean over the scored tokens
+(the baseline's [EOS] counts as one). A tie earns half a story (the expected score of a coin flip).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from world_model.data.rocstories import ClozeStory, encode_cloze
+from world_model.evaluation.floors import CountFloor
+from world_model.text.vocab import PAD_ID, Vocabulary
+
+VARIANTS = ("summed", "per_token")
+REFERENCES = {  # published Story Cloze accuracies (test set of the spring 2016 release)
+    "chance": 0.5,
+    "DSSM (Mostafazadeh et al., 2016)": 0.585,
+    "GPT-1 (Radford et al., 2018)": 0.865,
+}
+
+Scorer = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+@torch.no_grad()
+def four_tensor_scores(
+    model: nn.Module, context: torch.Tensor, endings: torch.Tensor, batch_size: int = 64
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed log-likelihood and scored-token count of each ending, (S, 2) each, under a 4-tensor model.
+
+    `log_softmax` is applied to `last_slice_logits` in every case: it leaves log-probabilities unchanged."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        sums = []
+        for start in range(0, len(context), batch_size):
+            log_p = (
+                model.last_slice_logits(context[start : start + batch_size].to(device)).float().log_softmax(-1)
+            )  # (B, N, V)
+            ends = endings[start : start + batch_size].to(device).long()  # (B, 2, N)
+            picked = log_p[:, None].expand(-1, 2, -1, -1).gather(-1, ends[..., None])[..., 0]  # (B, 2, N)
+            sums.append(torch.where(ends != PAD_ID, picked, 0.0).sum(-1).double().cpu())
+    finally:
+        model.train(was_training)
+    return torch.cat(sums), (endings != PAD_ID).sum(-1).double()
+
+
+@torch.no_grad()
+def baseline_scores(
+    model: nn.Module, context: torch.Tensor, endings: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed log-likelihood (closing [EOS] included) and scored-token count of each ending under the baseline."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        sums = model.score_sentences(context.to(device), endings.to(device)).double().cpu()
+    finally:
+        model.train(was_training)
+    return sums, (endings != PAD_ID).sum(-1).double() + 1
+
+
+def floor_scores(floor: CountFloor, context: torch.Tensor, endings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed log-likelihood and scored-token count of each ending under a count floor."""
+    sums = torch.stack([floor.token_log_probs(context, endings[:, k]).sum(-1) for k in range(2)], dim=1)
+    return sums, (endings != PAD_ID).sum(-1).double()
+
+
+def model_scorer(model: nn.Module, batch_size: int = 64) -> Scorer:
+    """The scorer of a loaded model: the baseline's `score_sentences`, else the 4-tensor last slice."""
+    if hasattr(model, "score_sentences"):
+        return lambda context, endings: baseline_scores(model, context, endings)
+    if hasattr(model, "last_slice_logits"):
+        return lambda context, endings: four_tensor_scores(model, context, endings, batch_size)
+    raise ValueError(
+        f"{type(model).__name__} has neither score_sentences nor last_slice_logits: it cannot score endings"
+    )
+
+
+def floor_scorer(floor: CountFloor) -> Scorer:
+    """The scorer of a count floor."""
+    return lambda context, endings: floor_scores(floor, context, endings)
+
+
+def accuracy(sums: torch.Tensor, tokens: torch.Tensor, answer: torch.Tensor) -> dict:
+    """{"summed", "per_token"} accuracy of picking the higher-scored ending (S, 2) against `answer` (S,) in {0, 1}."""
+    out = {}
+    for variant, score in (("summed", sums), ("per_token", sums / tokens)):
+        right, wrong = score.gather(1, answer[:, None])[:, 0], score.gather(1, 1 - answer[:, None])[:, 0]
+        out[variant] = float(((right > wrong).double() + 0.5 * (right == wrong).double()).mean())
+    return out
+
+
+def story_cloze(scorer: Scorer, halves: dict[str, list[ClozeStory]], vocab: Vocabulary, n: int = 16) -> dict:
+    """{half: {"summed", "per_token", "stories"}} for every half of `halves` (see `load_cloze_halves`)."""
+    out = {}
+    for half, items in halves.items():
+        if not items:
+            raise ValueError(f"the {half!r} half holds no Story Cloze item")
+        context, endings, answer = encode_cloze(items, vocab, n)
+        out[half] = {**accuracy(*scorer(context, endings), answer), "stories": len(items)}
+    return out

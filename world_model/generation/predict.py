@@ -1,0 +1,142 @@
+"""Predict the next sentences of a story with a trained predictor (the semantic layer of the pipeline).
+
+    python -m world_model.generation.predict "Tom was hungry." "He went to the kitchen." --steps 3
+    python -m world_model.generation.predict --checkpoint DIR --samples 3 --temperature 0.8 --seed 1 "..." "..."
+    python -m world_model.generation.predict --checkpoint offline_pack/predictor --steps 3 \
+        "the elevator waits on floor two with its doors open." "the elevator closes its doors on floor two."
+
+The sentences are the observed states, oldest first; the last T of them form the window (fewer are
+left-padded with empty states). The default checkpoint is the ROCStories predictor shipped with the
+project. A checkpoint folder with known_sentences.txt predicts one of those sentences per step (the closed-set
+readout of `world_model.models.decoding`), one with sentence_bank.json.gz one of its bank's sentences, with the
+window's names (`world_model.generation.sentence_bank`; the shipped predictor has one), unless `--readout tokens` is given
+(the paper's per-slot readout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from world_model.generation.sentence_bank import BANK_READOUTS, resolve_readout
+from world_model.models.checkpoint import CheckpointError
+from world_model.models.registry import load_predictor
+from world_model.text.vocab import tokenize
+from world_model.text.windows import caption_window, decode_states
+
+SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "pretrained" / "rocstories-cpu"
+MAX_STEPS = 64  # predicted sentences per request
+MAX_SAMPLES = 16  # alternative futures per request
+
+
+def predict(
+    sentences: list[str],
+    checkpoint: str | Path = SHIPPED_CHECKPOINT,
+    steps: int = 1,
+    samples: int = 1,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    seed: int = 0,
+    readout: str = "auto",
+) -> dict:
+    """The predicted next `steps` sentences for each sample, with the window and its unknown words;
+    `readout` as in `world_model.generation.sentence_bank.resolve_readout`. Raises ValueError for an empty sentence or
+    `steps` / `samples` outside 1..MAX_STEPS / 1..MAX_SAMPLES; `warnings` names sentences cut to the slot count."""
+    check_request(sentences, steps, samples)
+    model, vocab, known = load_predictor(checkpoint)
+    c = model.config
+    chosen = resolve_readout(checkpoint, known, readout, vocab, c.n_tokens)
+    window = caption_window(sentences, vocab, c.n_states, c.n_tokens)
+    warnings = [
+        f"sentence {i} has {n} tokens; the predictor reads only its first {c.n_tokens}"
+        for i, n in enumerate((len(tokenize(s)) for s in sentences), 1)
+        if n > c.n_tokens
+    ]
+    generator = torch.Generator().manual_seed(seed)
+    futures = []
+    for _ in range(samples if temperature > 0 else 1):
+        ids = chosen.rollout(model, window.token_ids, steps, vocab.end_ids, temperature, top_k, generator)[0]
+        futures.append(decode_states(ids, vocab))
+    return {
+        "checkpoint": str(checkpoint),
+        "readout": chosen.kind,
+        "window": window.states,
+        "unknown_words": window.unknown_words,
+        "predictions": futures,
+        "warnings": warnings,
+    }
+
+
+def check_request(sentences: list[str], steps: int, samples: int) -> None:
+    """Refuse empty sentences and unbounded work before loading anything."""
+    if not sentences:
+        raise ValueError("give at least one observed sentence")
+    for i, sentence in enumerate(sentences, 1):
+        if not any(ch.isalnum() for ch in sentence):
+            raise ValueError(f"sentence {i} is empty: every observed sentence needs at least one word")
+    if not 1 <= steps <= MAX_STEPS:
+        raise ValueError(f"--steps must be between 1 and {MAX_STEPS}, got {steps}")
+    if not 1 <= samples <= MAX_SAMPLES:
+        raise ValueError(f"--samples must be between 1 and {MAX_SAMPLES}, got {samples}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m world_model.generation.predict", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("sentences", nargs="+", help="observed sentences, oldest first")
+    parser.add_argument(
+        "--checkpoint", default=str(SHIPPED_CHECKPOINT), help="predictor folder (default: the shipped one)"
+    )
+    parser.add_argument("--steps", type=int, default=1, help=f"sentences to predict (default 1, at most {MAX_STEPS})")
+    parser.add_argument(
+        "--samples", type=int, default=1, help=f"alternative futures (needs --temperature > 0; at most {MAX_SAMPLES})"
+    )
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-k", type=int)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--readout",
+        choices=BANK_READOUTS,
+        default="auto",
+        help="sentences: one of the checkpoint's known sentences per step; bank: one of its sentence "
+        "bank's; tokens: read tokens off freely (the paper's per-slot readout); auto (default): "
+        "known sentences, else the bank, else tokens",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    args = parser.parse_args(argv)
+    try:
+        result = predict(
+            args.sentences,
+            args.checkpoint,
+            args.steps,
+            args.samples,
+            args.temperature,
+            args.top_k,
+            args.seed,
+            args.readout,
+        )
+    except (CheckpointError, ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for warning in result["warnings"]:
+        print(f"warning: {warning}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    for state in result["window"]:
+        print(f"  observed: {state or '(empty)'}")
+    if result["unknown_words"]:
+        print(f"  not in the vocabulary: {', '.join(result['unknown_words'])}")
+    for k, future in enumerate(result["predictions"]):
+        for step, sentence in enumerate(future, 1):
+            print(f"{'predicted' if len(result['predictions']) == 1 else f'sample {k + 1}'} +{step}: {sentence}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,413 @@
+"""Sentence-bank readout: predict whole sentences of open text, picked from a bank of corpus sentences.
+
+The 4-tensor model reads each word slot of the next sentence off its own distribution p_xv (section 3.7); on
+open-ended stories the per-slot winners come from different sentences and read as none ("he he to kitchen.").
+The bank readout scores every sentence of a bank (the training stories' sentences, about 100,000) as the next
+state with the model's per-slot log-likelihood (`world_model.models.decoding.slot_log_likelihood`, one gather per
+candidate), divided by the candidate's length to the power `length_power` (the summed score alone favours the
+shortest sentences), and takes the best. Two rules keep the result about the story being told:
+
+- **Names.** A bank sentence about "Anna" is scored and returned about the window's own people: the person
+  names of a bank sentence, in order of first appearance, are replaced by those of the window, in order of
+  first appearance ("Anna's" by "Tom's" when the vocabulary has it). Names are the words the bank's own text
+  capitalises mid-sentence and follows with a verb (`find_names`).
+- **Repeat guard.** A sentence already in the window is never predicted again, so a rollout does not loop.
+
+A predictor folder carries its bank as sentence_bank.json.gz (`save_bank`, `python -m world_model.generation.sentence_bank`);
+any folder with one reads its states off the bank unless told otherwise (`resolve_readout`).
+
+    python -m world_model.generation.sentence_bank --data ../shared/data/rocstories --out world_model/pretrained/rocstories-cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import re
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from world_model.models.checkpoint import resolve_folder
+from world_model.models.decoding import KNOWN_SENTENCES_NAME, READOUTS, choose_candidates
+from world_model.text.vocab import PAD_ID, UNK_ID, UnknownWordError, Vocabulary, tokenize
+
+BANK_NAME = "sentence_bank.json.gz"  # in a predictor folder: {"sentences": [...], "names": [...], "source": ...}
+SAMPLE_TOP_K = 20  # sampling draws among this many best sentences unless top_k is given: over the whole bank,
+# length-normalised scores are nearly flat and a draw is any sentence at all
+BANK_READOUTS = (*READOUTS[:2], "bank", READOUTS[2])  # auto, sentences (known), bank, tokens
+LENGTH_POWER = 1.5  # score = summed slot log-likelihood / length ** LENGTH_POWER, chosen in docs/readout/selection.md
+_WORD = re.compile(r"[^\W_]+(?:['\-][^\W_]+)*")
+_VERB_LIKE = frozenset(
+    "was had went got is did took made saw felt knew told said gave ran came thought found bought "
+    "could would and".split()
+)  # a person's name is often followed by one, or by an -ed word
+
+
+def find_names(
+    sentences: Sequence[str], min_count: int = 3, capitalised: float = 0.9, verb_after: float = 0.3
+) -> list[str]:
+    """Person names in cased text, lower-cased, most frequent first.
+
+    A name is an alphabetic word of two letters or more, seen at least `min_count` times past the first word of
+    a sentence and capitalised there at least a `capitalised` share of the time (a proper noun), that is followed
+    by a verb-like word (`_VERB_LIKE` or a word ending in -ed) at least a `verb_after` share of all its
+    occurrences (a person rather than a place, a day or a language). The thresholds were set by reading the
+    lists they give on the ROCStories training stories.
+    """
+    mid, mid_capitalised, total, before_verb = Counter(), Counter(), Counter(), Counter()
+    for sentence in sentences:
+        words = _WORD.findall(sentence)
+        lower = [w.lower() for w in words]
+        for i, (word, low) in enumerate(zip(words, lower)):
+            total[low] += 1
+            if i + 1 < len(lower) and (lower[i + 1] in _VERB_LIKE or lower[i + 1].endswith("ed")):
+                before_verb[low] += 1
+            if i > 0:
+                mid[low] += 1
+                mid_capitalised[low] += word[0].isupper()
+    names = [
+        w
+        for w, n in mid.items()
+        if n >= min_count
+        and w.isalpha()
+        and len(w) > 1
+        and w != "i"
+        and mid_capitalised[w] >= capitalised * n
+        and before_verb[w] >= verb_after * total[w]
+    ]
+    return sorted(names, key=lambda w: (-total[w], w))
+
+
+def distinct_sentences(sentences: Sequence[str], n_tokens: int) -> list[str]:
+    """The sentences, first occurrence of each token sequence kept, without those longer than `n_tokens` tokens
+    (they could never be predicted whole)."""
+    kept: dict[tuple[str, ...], str] = {}
+    for sentence in sentences:
+        tokens = tuple(tokenize(sentence))
+        if 0 < len(tokens) <= n_tokens:
+            kept.setdefault(tokens, " ".join(sentence.split()))
+    return list(kept.values())
+
+
+def save_bank(folder: str | os.PathLike, sentences: Sequence[str], names: Sequence[str], source: str) -> Path:
+    """Write FOLDER/sentence_bank.json.gz (gzip with a fixed time stamp, so equal banks are equal files)."""
+    if not sentences:
+        raise ValueError("a sentence bank needs at least one sentence")
+    path = Path(folder) / BANK_NAME
+    payload = json.dumps({"source": source, "names": list(names), "sentences": list(sentences)}, ensure_ascii=False)
+    with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
+        f.write(payload.encode("utf-8"))
+    return path
+
+
+@dataclass
+class SentenceBank:
+    """A bank encoded for one vocabulary: candidates (C, N) and where their person names sit.
+
+    Name slots are listed as parallel (E,) tensors: the candidate row, the slot, the rank of the name within its
+    sentence (0 for the first distinct name, 1 for the next, ...) and whether the slot is the possessive ("anna's").
+    """
+
+    candidates: torch.Tensor  # (C, N) token ids, right-padded with PAD_ID
+    name_row: torch.Tensor  # (E,)
+    name_slot: torch.Tensor  # (E,)
+    name_rank: torch.Tensor  # (E,)
+    name_possessive: torch.Tensor  # (E,) bool
+    name_ids: dict[int, int]  # id of a name or its possessive -> id of the name
+    possessive_ids: dict[int, int]  # id of a name -> id of its possessive, where the vocabulary has one
+
+    def __post_init__(self) -> None:
+        """A hash (C,) of every candidate row, to find the rows equal to a window's states fast."""
+        generator = torch.Generator().manual_seed(0)
+        self.hash_weights = torch.randint(1, 2**40, (self.candidates.shape[1],), generator=generator)  # (N,)
+        self.hashes = (self.candidates * self.hash_weights).sum(dim=1)
+
+    @classmethod
+    def encode(
+        cls, sentences: Sequence[str], names: Sequence[str], vocab: Vocabulary, n_tokens: int, where: str = "the bank"
+    ) -> "SentenceBank":
+        """Encode `sentences` with `vocab`; ValueError naming the sentence for an unknown word or one longer than
+        `n_tokens` tokens, and for an empty bank."""
+        if not sentences:
+            raise ValueError(f"{where} holds no sentences; a bank readout needs at least one")
+        rows, stoi = [], vocab.stoi
+        for number, sentence in enumerate(sentences, 1):
+            tokens = tokenize(sentence)
+            row = [stoi.get(t, -1) for t in tokens]
+            if not tokens or len(tokens) > n_tokens:
+                raise ValueError(
+                    f"{where}, sentence {number} ({sentence!r}): {len(tokens)} tokens, expected 1 to "
+                    f"the model's {n_tokens} slots"
+                )
+            if -1 in row:
+                unknown = sorted({t for t in tokens if t not in stoi})
+                raise ValueError(
+                    f"{where}, sentence {number} ({sentence!r}): {UnknownWordError(unknown)}; was the bank "
+                    "built for this checkpoint's vocabulary?"
+                )
+            rows.append(row + [PAD_ID] * (n_tokens - len(row)))
+        candidates = torch.tensor(rows, dtype=torch.long)
+        name_ids = {stoi[w]: stoi[w] for w in names if w in stoi}
+        possessive_ids = {stoi[w]: stoi[f"{w}'s"] for w in names if w in stoi and f"{w}'s" in stoi}
+        name_ids.update({p: n for n, p in possessive_ids.items()})
+        with_names = torch.isin(candidates, torch.tensor(list(name_ids), dtype=torch.long)).any(dim=1)
+        found = []  # (row, slot, rank, possessive)
+        for row in with_names.nonzero().flatten().tolist():
+            ranks: dict[int, int] = {}
+            for slot, token in enumerate(rows[row]):
+                if token in name_ids:
+                    base = name_ids[token]
+                    found.append((row, slot, ranks.setdefault(base, len(ranks)), token != base))
+        table = torch.tensor(found, dtype=torch.long).reshape(-1, 4)
+        return cls(candidates, *table[:, :3].T, table[:, 3].bool(), name_ids, possessive_ids)
+
+    def context_names(self, window: torch.Tensor) -> list[int]:
+        """Distinct name ids of a window (T, N), possessives read as their name, in order of first appearance."""
+        return list(dict.fromkeys(self.name_ids[t] for t in window.flatten().tolist() if t in self.name_ids))
+
+    def name_edits(self, names: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The edits that put `names` into the bank (rank r -> names[r], where there is one): rows (E',),
+        slots (E',) and new ids (E',). A possessive the vocabulary lacks keeps the bank's own name."""
+        use = self.name_rank < len(names)
+        if not names or not use.any():
+            return self.name_row[:0], self.name_slot[:0], self.name_row[:0]
+        rank = self.name_rank[use]
+        possessives = torch.tensor([self.possessive_ids.get(n, -1) for n in names])
+        new = torch.where(self.name_possessive[use], possessives[rank], torch.tensor(names)[rank])
+        keep = new >= 0
+        return self.name_row[use][keep], self.name_slot[use][keep], new[keep]
+
+    def substitute_edits(self, edits: tuple[torch.Tensor, ...], rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The candidates (C, N), or those of `rows` (R,) -> (R, N), with `edits` (`name_edits`) applied."""
+        edit_rows, slots, new = edits
+        if rows is None:
+            out = self.candidates.clone()
+            out[edit_rows, slots] = new
+            return out
+        out = self.candidates[rows]  # (R, N), a copy
+        for r, row in enumerate(rows.tolist()):
+            hit = edit_rows == row
+            out[r, slots[hit]] = new[hit]
+        return out
+
+
+def load_bank(folder: str | os.PathLike, vocab: Vocabulary, n_tokens: int) -> SentenceBank | None:
+    """The bank of a predictor folder's sentence_bank.json.gz, or None when the folder has none; ValueError
+    naming the file when it is unreadable or does not fit `vocab` and `n_tokens`."""
+    path = Path(folder) / BANK_NAME
+    if not path.is_file():
+        return None
+    try:
+        payload = json.loads(gzip.decompress(path.read_bytes()).decode("utf-8"))
+        sentences, names = payload["sentences"], payload["names"]
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"{path} is not a sentence bank (gzip JSON with 'sentences' and 'names'): {err}") from err
+    return SentenceBank.encode(sentences, names, vocab, n_tokens, where=str(path))
+
+
+def slot_log_probs(model, window: torch.Tensor) -> torch.Tensor | None:
+    """Per-slot log-probabilities (B, N, V) of the next state for the 4-tensor model, padding and the unknown
+    word excluded as in its own readout; None for a model with `score_sentences` (the flat baseline)."""
+    if hasattr(model, "score_sentences"):
+        return None
+    logits = model.last_slice_logits(window).float().clone()
+    logits[..., [PAD_ID, UNK_ID]] = float("-inf")
+    return logits.log_softmax(dim=-1)
+
+
+def bank_scores(
+    bank: SentenceBank,
+    edits: tuple[torch.Tensor, ...],
+    log_probs: torch.Tensor | None = None,
+    model=None,
+    window: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Log-likelihood (C,) of every bank sentence, with `edits` (`name_edits`) applied, as the next state.
+
+    For the 4-tensor model, from its per-slot `log_probs` (N, V) of one window: the sum over content slots
+    of log_probs[n, candidate[n]] (`slot_log_likelihood`), computed as one gather over the bank and a correction
+    at the edited slots, so the substituted bank is never written. Otherwise `model.score_sentences` on the
+    window (1, T, N) and the substituted bank (the flat baseline).
+    """
+    if log_probs is None:
+        return model.score_sentences(window, bank.substitute_edits(edits))[0].cpu()
+    n_tokens, vocab_size = log_probs.shape
+    table = log_probs.masked_fill(torch.arange(vocab_size) == PAD_ID, 0.0).flatten()  # a padding slot adds 0
+    offsets = torch.arange(n_tokens) * vocab_size  # slot n's row of the flattened (N, V) table
+    scores = table[bank.candidates + offsets].sum(dim=1)  # (C,)
+    rows, slots, new = edits
+    old = bank.candidates[rows, slots]
+    return scores.index_add_(0, rows, table[offsets[slots] + new] - table[offsets[slots] + old])
+
+
+def seen_in_window(bank: SentenceBank, edits: tuple[torch.Tensor, ...], window: torch.Tensor) -> torch.Tensor:
+    """Which bank sentences (C,) bool, with `edits` applied, equal a state of the window (T, N): a hash of each
+    row narrows the search, an exact comparison decides."""
+    rows, slots, new = edits
+    weights = bank.hash_weights
+    hashes = bank.hashes.clone().index_add_(0, rows, (new - bank.candidates[rows, slots]) * weights[slots])
+    maybe = torch.isin(hashes, (window * weights).sum(dim=1)).nonzero().flatten()
+    seen = torch.zeros(len(hashes), dtype=torch.bool)
+    if len(maybe):
+        rows_now = bank.substitute_edits(edits, maybe)  # (M, N)
+        seen[maybe] = (rows_now[:, None, :] == window[None]).all(dim=-1).any(dim=-1)
+    return seen
+
+
+@torch.no_grad()
+def bank_rollout(
+    model,
+    window: torch.Tensor,
+    steps: int,
+    bank: SentenceBank,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+    names: bool = True,
+    guard: bool = True,
+    length_power: float = LENGTH_POWER,
+) -> torch.Tensor:
+    """Predict `steps` states of each window (B, T, N) -> (B, steps, N), each a bank sentence.
+
+    Each step scores the bank for every window (`bank_scores`), with the window's names put in when `names`,
+    divides each score by the sentence's length ** `length_power`, excludes sentences already in the window
+    when `guard` (unless that excludes them all), takes the best (temperature 0) or samples from
+    softmax(score / temperature) within the top_k (default `SAMPLE_TOP_K`), and slides the window as
+    `model.rollout` does. The bank
+    stays on the CPU; the model runs where its weights are, and the states come back on the window's device.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    device, top_k = window.device, top_k or SAMPLE_TOP_K
+    window, n_states = window.long().cpu(), model.config.n_states
+    index = torch.arange(len(bank.candidates))[:, None]  # (C, 1): `choose_candidates` then returns row numbers
+    length = (bank.candidates != PAD_ID).sum(dim=1).float() ** length_power  # (C,)
+    predicted = []
+    for _ in range(steps):
+        log_probs = slot_log_probs(model, window.to(device))
+        states = []
+        for b in range(len(window)):
+            edits = bank.name_edits(bank.context_names(window[b]) if names else [])
+            scores = bank_scores(
+                bank, edits, None if log_probs is None else log_probs[b].cpu(), model, window[b : b + 1].to(device)
+            )
+            scores = scores / length
+            if guard:
+                seen = seen_in_window(bank, edits, window[b])
+                if not seen.all():
+                    scores = scores.masked_fill(seen, float("-inf"))
+            row = choose_candidates(scores[None], index, temperature, top_k, generator)[0]  # (1,)
+            states.append(bank.substitute_edits(edits, row)[0])
+        state = torch.stack(states)  # (B, N)
+        predicted.append(state)
+        window = torch.cat([window, state[:, None]], dim=1)[:, -n_states:]
+    return torch.stack(predicted, dim=1).to(device)
+
+
+@dataclass
+class Readout:
+    """How a predictor reads its states off: "tokens" (the paper's per-slot readout), "sentences" (a known
+    closed set, `world_model.models.decoding`) or "bank" (this module)."""
+
+    kind: str
+    known: torch.Tensor | None = None  # (C, N) for "sentences"
+    bank: SentenceBank | None = None  # for "bank"
+
+    @property
+    def name(self) -> str:
+        """For records and tables."""
+        if self.kind == "tokens":
+            return "tokens"
+        count = len(self.known) if self.kind == "sentences" else len(self.bank.candidates)
+        return f"sentences ({count} known)" if self.kind == "sentences" else f"bank ({count} sentences)"
+
+    def rollout(
+        self,
+        model,
+        window: torch.Tensor,
+        steps: int,
+        end_ids: Sequence[int],
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Predicted states (B, steps, N) of windows (B, T, N); `end_ids` end a sentence of the tokens readout."""
+        if self.kind == "bank":
+            return bank_rollout(model, window, steps, self.bank, temperature, top_k, generator)
+        return model.rollout(
+            window,
+            steps,
+            end_ids=end_ids,
+            temperature=temperature,
+            top_k=top_k,
+            generator=generator,
+            candidates=self.known,
+        )
+
+
+def resolve_readout(
+    folder: str | os.PathLike, known: torch.Tensor | None, readout: str, vocab: Vocabulary, n_tokens: int
+) -> Readout:
+    """The readout a predictor folder gets: `auto` takes its known sentences, else its sentence bank, else
+    tokens; `sentences` and `bank` require the file; `tokens` reads tokens off freely."""
+    if readout not in BANK_READOUTS:
+        raise ValueError(f"readout must be one of {', '.join(BANK_READOUTS)}, got {readout!r}")
+    if readout == "tokens":
+        return Readout("tokens")
+    if readout == "sentences" or (readout == "auto" and known is not None):
+        if known is None:
+            raise ValueError(
+                f"readout 'sentences' needs {KNOWN_SENTENCES_NAME} in the predictor folder {folder}, "
+                "which has none; use readout 'tokens'"
+            )
+        return Readout("sentences", known=known)
+    bank = load_bank(resolve_folder(folder), vocab, n_tokens)
+    if bank is None and readout == "bank":
+        raise ValueError(
+            f"readout 'bank' needs {BANK_NAME} in the predictor folder {folder}, which has none; build "
+            "one with python -m world_model.generation.sentence_bank, or use readout 'tokens'"
+        )
+    return Readout("tokens") if bank is None else Readout("bank", bank=bank)
+
+
+def write_rocstories_bank(folder: str | os.PathLike, data_dir: str | os.PathLike, stories: int | None = None) -> Path:
+    """Write a predictor folder's bank from the training stories of a ROCStories folder (the first `stories` of
+    them, or all): their distinct sentences that fit the model's slots and the names found in them."""
+    from world_model.data.rocstories import load_corpus
+
+    config = json.loads((Path(folder) / "config.json").read_text())
+    vocab = Vocabulary.load(folder)
+    train = load_corpus(data_dir).train[:stories]
+    sentences = distinct_sentences([s for story in train for s in story.sentences], config["n_tokens"])
+    names = find_names(sentences)
+    SentenceBank.encode(sentences, names, vocab, config["n_tokens"])  # fails now, not when a rollout loads it
+    return save_bank(folder, sentences, names, source=f"{len(train)} training stories of {data_dir}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m world_model.generation.sentence_bank",
+        description="Write a predictor folder's sentence bank from ROCStories training stories.",
+    )
+    parser.add_argument("--data", required=True, help="ROCStories folder (its training stories make the bank)")
+    parser.add_argument("--out", required=True, help="predictor folder (gets sentence_bank.json.gz)")
+    parser.add_argument("--stories", type=int, help="only the first K training stories")
+    args = parser.parse_args(argv)
+    try:
+        path = write_rocstories_bank(args.out, args.data, args.stories)
+    except (OSError, ValueError, KeyError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"{path}: {path.stat().st_size / 1e6:.2f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Small shared pieces with no science in them: atomic file writes, video writing, model-loading errors."""

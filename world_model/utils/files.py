@@ -1,0 +1,65 @@
+"""Writing files and folders so that a reader never sees half of one: write beside, then rename into place."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+
+def replace_dir(tmp_dir: Path, final_dir: Path) -> None:
+    """Move a fully written folder onto `final_dir`, replacing what was there only once it is complete."""
+    old = None
+    if final_dir.exists():
+        old = final_dir.with_name(f".{final_dir.name}.old-{os.getpid()}")
+        os.replace(final_dir, old)
+    os.replace(tmp_dir, final_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def atomic_dir(folder: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty folder beside `folder` to write into. When the block ends normally its files are made
+    world-readable and it replaces `folder` (`replace_dir`); when it raises, it is removed and `folder` is untouched."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.tmp-"))
+    try:
+        yield tmp
+        for path in [tmp, *tmp.rglob("*")]:  # mkdtemp and some writers create private files; a model is for reading
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        replace_dir(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to a temporary file beside `path`, then rename it into place."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+    os.chmod(tmp, 0o644)  # mkstemp makes it private
+    os.replace(tmp, path)
+
+
+@contextmanager
+def replacing_file(path: Path) -> Iterator[str]:
+    """Yield a temporary file name next to ``path`` (same suffix); move it onto ``path`` on success."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
+    os.close(handle)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600 files
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
