@@ -31,7 +31,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from world_model.models.four_tensor import FourTensorConfig, FourTensorModel
 from world_model.models.precision import PRECISIONS, autocast
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "world_model" / "cpu.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "world_model" / "cpu.yaml"
 
 
 def random_windows(

@@ -93,7 +93,7 @@ from world_model.training.train import (
 )
 from world_model.utils.files import write_json_atomic
 
-PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "benchmark"
+PRESET_DIR = Path(__file__).resolve().parents[2] / "configs" / "benchmark"
 MODELS = ("four_tensor", "baseline")  # run order within a pair
 MODEL_LABELS = {"four_tensor": "4-tensor", "baseline": "baseline"}
 PRESET_SECTIONS = ("pairs", "model", "training", "budget", "variants", "seeds", "default_pairs")

@@ -28,7 +28,7 @@ from world_model.models.registry import load_predictor
 from world_model.text.vocab import tokenize
 from world_model.text.windows import caption_window, decode_states
 
-SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "pretrained" / "rocstories-cpu"
+SHIPPED_CHECKPOINT = Path(__file__).resolve().parents[1] / "pretrained" / "rocstories-cpu"
 MAX_STEPS = 64  # predicted sentences per request
 MAX_SAMPLES = 16  # alternative futures per request
 
