@@ -177,7 +177,7 @@ def offline_detail(error: PresetError) -> str:
     except PresetError:
         return str(error)
     missing = missing_offline_models(preset)
-    return f"missing: {', '.join(preset[c] for c in missing)}" if missing else str(error)
+    return f"missing: {', '.join(getattr(preset, c) for c in missing)}" if missing else str(error)
 
 
 def stage_table(record: dict, steps: int) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -17,6 +18,23 @@ class PresetError(ValueError):
     """A preset is unknown, malformed, or names models that are not available."""
 
 
+@dataclass(frozen=True)
+class PipelinePreset:
+    """A preset: the three models (hub id or folder) and their options, as `configs/pipeline/<name>.yaml` holds them."""
+
+    name: str
+    captioner: str
+    renderer: str
+    predictor: str
+    frames_per_state: int = 1  # YAML `sampling.frames_per_state`: frames tiled into each state strip
+    captioner_options: dict = field(default_factory=dict)  # keyword arguments of HFCaptioner.from_pretrained
+    renderer_options: dict = field(default_factory=dict)  # keyword arguments of DiffusersRenderer.from_pretrained
+
+    def with_models(self, overrides: dict[str, str]) -> PipelinePreset:
+        """This preset with some components replaced (hub id or folder)."""
+        return replace(self, **{c: resolve_model_path(v) for c, v in overrides.items()})
+
+
 def available_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml")) + ["auto"]
 
@@ -27,24 +45,30 @@ def resolve_model_path(name: str) -> str:
     return str(local) if local.exists() else name
 
 
-def load_preset(name: str) -> dict:
-    """The preset as a dict with one entry per component (hub id or path) and their options."""
+def load_preset(name: str) -> PipelinePreset:
+    """The preset `configs/pipeline/<name>.yaml`, model entries resolved (`resolve_model_path`)."""
     path = PRESET_DIR / f"{name}.yaml"
     if not path.is_file():
         raise PresetError(f"unknown preset {name!r}; choose one of: {', '.join(available_presets())}")
-    preset = yaml.safe_load(path.read_text()) or {}
-    missing = [c for c in COMPONENTS if c not in preset]
+    entries = yaml.safe_load(path.read_text()) or {}
+    missing = [c for c in COMPONENTS if c not in entries]
     if missing:
         raise PresetError(f"preset {path} names no {', '.join(missing)}")
-    for component in COMPONENTS:
-        preset[component] = resolve_model_path(str(preset[component]))
-    preset["name"] = name
-    return preset
+    unknown = sorted(set(entries) - {*COMPONENTS, "sampling", "captioner_options", "renderer_options"})
+    if unknown:
+        raise PresetError(f"preset {path}: unknown entries {', '.join(unknown)}")
+    return PipelinePreset(
+        name=name,
+        **{c: resolve_model_path(str(entries[c])) for c in COMPONENTS},
+        frames_per_state=int((entries.get("sampling") or {}).get("frames_per_state", 1)),
+        captioner_options=dict(entries.get("captioner_options") or {}),
+        renderer_options=dict(entries.get("renderer_options") or {}),
+    )
 
 
-def missing_offline_models(preset: dict) -> list[str]:
+def missing_offline_models(preset: PipelinePreset) -> list[str]:
     """Components of an offline preset whose folder is not in this installation."""
-    return [c for c in COMPONENTS if not Path(preset[c]).is_dir()]
+    return [c for c in COMPONENTS if not Path(getattr(preset, c)).is_dir()]
 
 
 def hub_model_available(model_id: str) -> bool:
@@ -70,14 +94,14 @@ def hub_model_available(model_id: str) -> bool:
         return False
 
 
-def choose_preset(name: str) -> tuple[dict, str]:
+def choose_preset(name: str) -> tuple[PipelinePreset, str]:
     """Resolve `name` (hub, offline, or auto) to a preset and a sentence that says why it was chosen."""
     if name != "auto":
         preset = load_preset(name)
         if name == "offline" and missing_offline_models(preset):
             raise PresetError(offline_missing_message(preset))
         unavailable = [
-            preset[c] for c in ("captioner", "renderer") if name == "hub" and not hub_model_available(preset[c])
+            m for m in (preset.captioner, preset.renderer) if name == "hub" and not hub_model_available(m)
         ]
         if unavailable:  # fail now, not after minutes of download retries
             from huggingface_hub import constants
@@ -89,7 +113,7 @@ def choose_preset(name: str) -> tuple[dict, str]:
             )
         return preset, f"preset {name!r} requested"
     hub = load_preset("hub")
-    unavailable = [hub[c] for c in ("captioner", "renderer") if not hub_model_available(hub[c])]
+    unavailable = [m for m in (hub.captioner, hub.renderer) if not hub_model_available(m)]
     if not unavailable:
         return hub, "auto: the hub models are cached or reachable"
     offline = load_preset("offline")
@@ -101,9 +125,9 @@ def choose_preset(name: str) -> tuple[dict, str]:
     return offline, f"auto: {', '.join(unavailable)} not cached or reachable; using the offline pack"
 
 
-def offline_missing_message(preset: dict) -> str:
+def offline_missing_message(preset: PipelinePreset) -> str:
     missing = missing_offline_models(preset)
     return (
-        f"the offline model pack is not in this installation (missing: {', '.join(preset[c] for c in missing)}). "
+        f"the offline model pack is not in this installation (missing: {', '.join(getattr(preset, c) for c in missing)}). "
         "Use --preset hub with internet access, or name local models with --captioner, --renderer and --predictor."
     )

@@ -21,7 +21,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from tqdm.auto import tqdm
 from encoders.frames import VideoError, sample_frames
 from encoders.grounding import clip_verdict
 from pipeline.presets import PresetError, available_presets, choose_preset, resolve_model_path
+from pipeline.run_folder import RunFolderError, default_out_dir, prepare_run_dir
 from world_model.generation.sentence_bank import BANK_READOUTS as READOUTS
 from world_model.generation.sentence_bank import Readout, resolve_readout
 from world_model.models.checkpoint import CheckpointError
@@ -44,6 +44,7 @@ from world_model.models.registry import Predictor
 from world_model.models.registry import load_predictor as load_predictor_folder
 from world_model.text.windows import caption_window, decode_states
 from world_model.utils.files import replace_dir
+from world_model.utils.hub import default_device
 
 Progress = Callable[[float, str], None]
 ON_UNKNOWN = ("warn", "stop")
@@ -96,31 +97,6 @@ def load_readout(name: str, device: str, readout: str) -> Readout:
     """How the predictor reads its states off (`world_model.generation.sentence_bank.resolve_readout`); a bank is encoded once."""
     predictor = load_predictor(name, device)
     return resolve_readout(name, predictor.known_sentences, readout, predictor.vocab, predictor.model.config.n_tokens)
-
-
-def pick_device(device: str | None) -> str:
-    if device:
-        return device
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def prepare_run_dir(out_dir: Path, overwrite: bool) -> Path:
-    """Check the destination now, before any model work, and make a staging folder beside it."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise RolloutError(f"{out_dir} is a file, not a folder; choose another --out")
-    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-        raise RolloutError(f"{out_dir} already holds files; choose another --out or pass --overwrite")
-    try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.partial-"))
-        staging.chmod(0o755)  # mkdtemp makes it private; a run folder is for reading
-        return staging
-    except OSError as err:
-        raise RolloutError(f"cannot write the run folder {out_dir}: {err.strerror or err}") from err
-
-
-def default_out_dir(video: Path) -> Path:
-    return Path("runs") / f"{video.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def run_rollout(
@@ -206,8 +182,11 @@ def run_rollout(
         c: resolve_model_path(override) if override else chosen[c]
         for c, override in (("captioner", captioner), ("renderer", renderer), ("predictor", predictor))
     }
-    device = pick_device(device)
-    staging = prepare_run_dir(out_dir, overwrite)
+    device = str(default_device(device))
+    try:
+        staging = prepare_run_dir(out_dir, overwrite)
+    except RunFolderError as err:
+        raise RolloutError(str(err)) from err
     try:
         start = time.perf_counter()
         report(0.0, "sampling frames")

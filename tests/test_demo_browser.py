@@ -1,4 +1,4 @@
-"""The Gradio demo (`apps/demo.py`): its request handler in plain Python, and the served page driven by
+"""The Gradio demo (`apps/demo/`): its request handler in plain Python, and the served page driven by
 Playwright in Debian's Chromium, with tiny local models (a BLIP captioner, a Stable Diffusion pipeline and a
 4-tensor predictor) built once for the module.
 
@@ -17,8 +17,11 @@ import gradio as gr
 import pytest
 import torch
 
-from apps import demo as demo_module
-from apps.demo import EMPTY_MESSAGE, build_demo, handle_run, launch_demo
+from apps.demo import checks, run
+from apps.demo.app import build_demo, launch_demo
+from apps.demo.checks import EMPTY_MESSAGE, READY_MESSAGE, format_duration, on_check, on_upload
+from apps.demo.config import DemoConfig
+from apps.demo.run import handle_run
 from tests.model_factories import make_tiny_blip, make_tiny_sd, write_test_clip
 from world_model.models.four_tensor import FourTensorConfig, FourTensorModel
 from world_model.text.vocab import Vocabulary
@@ -58,7 +61,7 @@ def no_rollout(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("run_rollout was called")
 
-    monkeypatch.setattr(demo_module, "run_rollout", refuse)
+    monkeypatch.setattr(run, "run_rollout", refuse)
 
 
 def test_empty_upload_asks_for_a_clip(no_rollout):
@@ -72,25 +75,23 @@ def test_steps_out_of_range_are_refused(clip, no_rollout, steps):
         handle_run(str(clip), steps)
 
 
-def test_oversize_file_is_refused_before_any_work(clip, no_rollout, monkeypatch):
-    monkeypatch.setattr(demo_module, "MAX_FILE_MB", 0.001)  # 1 KiB; the test clip is larger
-    with pytest.raises(gr.Error) as caught:
-        handle_run(str(clip), 2)
+def test_oversize_file_is_refused_before_any_work(clip, no_rollout):
+    with pytest.raises(gr.Error) as caught:  # 1 KiB; the test clip is larger
+        handle_run(str(clip), 2, config=DemoConfig(max_file_mb=0.001))
     assert re.fullmatch(
         r"square\.mp4 is [\d.]+ MB; the limit is 0\.001 MB\. Trim or re-encode the clip and "
         r"upload it again\.",
         caught.value.message,
     )
-    with pytest.raises(gr.Error, match="the limit is 0.002 MB"):  # the app's own setting wins
-        handle_run(str(clip), 2, defaults={"max_file_mb": 0.002})
+    with pytest.raises(gr.Error, match="the limit is 0.002 MB"):
+        handle_run(str(clip), 2, config=DemoConfig(max_file_mb=0.002))
 
 
-def test_too_long_clip_is_refused_before_any_work(clip, no_rollout, monkeypatch):
-    monkeypatch.setattr(demo_module, "MAX_DURATION_S", 1.0)
+def test_too_long_clip_is_refused_before_any_work(clip, no_rollout):
     with pytest.raises(gr.Error) as caught:
-        handle_run(str(clip), 2)
+        handle_run(str(clip), 2, config=DemoConfig(max_minutes=1 / 60))
     assert caught.value.message == "square.mp4 is 3.0 s long; the limit is 1.0 s. Trim the clip and upload it again."
-    assert demo_module.format_duration(754) == "12 min 34 s" and demo_module.format_duration(600) == "10 min"
+    assert format_duration(754) == "12 min 34 s" and format_duration(600) == "10 min"
 
 
 def test_not_a_video_is_a_readable_error_without_the_server_path(not_a_video, no_rollout):
@@ -101,17 +102,16 @@ def test_not_a_video_is_a_readable_error_without_the_server_path(not_a_video, no
     assert str(not_a_video.parent) not in message
 
 
-def test_upload_status_describes_the_clip_or_says_why_not(clip, not_a_video, monkeypatch):
-    assert demo_module.on_upload(str(clip), {}) == "Clip square.mp4: 3.0 s, 160×96, 10 fps. Press **Run rollout**."
-    assert demo_module.on_upload(str(not_a_video), {}).startswith("**Cannot use this clip:** Cannot read notes.mp4")
-    monkeypatch.setattr(demo_module, "MAX_DURATION_S", 1.0)
-    assert "the limit is 1.0 s" in demo_module.on_upload(str(clip), {})
-    assert demo_module.on_upload(None, {}) == demo_module.READY_MESSAGE
+def test_upload_status_describes_the_clip_or_says_why_not(clip, not_a_video):
+    assert on_upload(str(clip), DemoConfig()) == "Clip square.mp4: 3.0 s, 160×96, 10 fps. Press **Run rollout**."
+    assert on_upload(str(not_a_video), DemoConfig()).startswith("**Cannot use this clip:** Cannot read notes.mp4")
+    assert "the limit is 1.0 s" in on_upload(str(clip), DemoConfig(max_minutes=1 / 60))
+    assert on_upload(None, DemoConfig()) == READY_MESSAGE
 
 
 def test_examples_are_offered_only_when_the_folder_has_clips(clip, tmp_path):
     def example_components(folder):
-        app = build_demo({"examples_dir": str(folder)})
+        app = build_demo(DemoConfig(examples_dir=folder))
         return [c for c in app.config["components"] if c.get("props", {}).get("label") == "Bundled examples"]
 
     assert example_components(tmp_path / "absent") == []
@@ -126,19 +126,19 @@ def test_pipeline_errors_become_readable_messages_and_leave_no_folder(clip, tmp_
     def missing_pack(*args, **kwargs):
         raise PresetError("the offline model pack is not in this installation")
 
-    monkeypatch.setattr(demo_module, "run_rollout", missing_pack)
+    monkeypatch.setattr(run, "run_rollout", missing_pack)
     with pytest.raises(gr.Error) as caught:
-        handle_run(str(clip), 2, preset="offline", defaults={"temp_root": tmp_path / "runs"})
+        handle_run(str(clip), 2, preset="offline", config=DemoConfig(temp_root=tmp_path / "runs"))
     assert caught.value.message == "the offline model pack is not in this installation"
     assert list((tmp_path / "runs").iterdir()) == []
 
 
 @pytest.mark.parametrize("seed", [1e20, -1, 2.5, float("nan")])
 def test_seeds_outside_the_generator_range_are_refused(clip, no_rollout, seed):
-    with pytest.raises(gr.Error, match=rf"The seed must be a whole number from 0 to {demo_module.MAX_SEED}"):
+    with pytest.raises(gr.Error, match=rf"The seed must be a whole number from 0 to {checks.MAX_SEED}"):
         handle_run(str(clip), 2, seed=seed)
     with pytest.raises(gr.Error, match="The seed must be"):
-        demo_module.on_check(str(clip), 2, {}, seed)
+        on_check(str(clip), 2, DemoConfig(), seed)
 
 
 def flagged_record(flags):
@@ -178,7 +178,7 @@ def test_outputs_show_the_banner_the_full_captions_and_the_queue_wait(tmp_path):
 
     def show(flags, waited):
         result = RolloutResult(tmp_path, flagged_record(flags), [], [])
-        return demo_module.outputs(result, tmp_path / "run.zip", "req", 25.0, 1, 0.0, waited)
+        return run.outputs(result, tmp_path / "run.zip", "req", 25.0, 1, 0.0, waited)
 
     _, tables, _, _, _, status, banner = show([False, False], 35.0)
     assert banner.startswith("## ⚠️ This clip is outside the models' world") and "2 of 2 frames" in banner
@@ -224,9 +224,9 @@ def server(chromium_present, models, tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models; extra threads only spin on a shared CPU
     temp_root = tmp_path_factory.mktemp("demo-runs")
-    defaults = {**models, "temp_root": str(temp_root), "steps": 3}
-    app = build_demo(defaults)
-    _, url, _ = launch_demo(app, defaults, port=free_port(), prevent_thread_lock=True, quiet=True)
+    config = DemoConfig(**models, temp_root=temp_root, steps=3, port=free_port())
+    app = build_demo(config)
+    _, url, _ = launch_demo(app, config, prevent_thread_lock=True, quiet=True)
     try:
         yield url, temp_root
     finally:

@@ -86,8 +86,8 @@ def test_hub_preset_without_network_or_cache_fails_at_once_with_one_line(parts, 
     err = capsys.readouterr().err
     hub = presets.load_preset("hub")
     assert code == 2 and err.startswith("error: --preset hub: ") and err.count("\n") == 1
-    assert hub["captioner"] in err and "--preset offline" in err
-    assert asked == [hub["captioner"], hub["renderer"]] and not called
+    assert hub.captioner in err and "--preset offline" in err
+    assert asked == [hub.captioner, hub.renderer] and not called
 
 
 def test_library_noise_is_quiet_unless_verbose(parts, tmp_path, capfd):

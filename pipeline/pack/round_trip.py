@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 from encoders.captioner import HFCaptioner
-from pipeline.pack.evaluate_world import accuracy_by_scene, render_all, round_trip
+from pipeline.pack.world_loop import accuracy_by_scene, render_all, round_trip
 from pipeline.presets import load_preset
 from renderers.pixel_pipeline import SOLVERS, set_solver
 from renderers.text_to_image import DiffusersRenderer
@@ -50,7 +50,7 @@ def renderer_round_trip(
     if not sentences:
         raise ValueError("no sentences to render")
     cap = HFCaptioner.from_pretrained(
-        str(captioner), device="cpu", **load_preset("offline").get("captioner_options", {})
+        str(captioner), device="cpu", **load_preset("offline").captioner_options
     )
     ren = DiffusersRenderer.from_pretrained(
         str(renderer), device="cpu", num_inference_steps=steps, guidance_scale=guidance, pipeline_class=PIPELINE_CLASS

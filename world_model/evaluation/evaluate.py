@@ -45,6 +45,7 @@ from world_model.models.precision import PRECISIONS, autocast
 from world_model.models.registry import count_parameters, load_model
 from world_model.text.vocab import Vocabulary
 from world_model.utils.files import write_json_atomic
+from world_model.utils.hub import default_device
 
 SUM_KEYS = ("window_ce_sum", "window_tokens", "last_ce_sum", "last_correct", "last_tokens")
 
@@ -131,10 +132,6 @@ def encode_stories(stories: Sequence[Story], vocab: Vocabulary, n: int) -> tuple
     return ids.reshape(len(stories), STORY_SENTENCES, n), stats
 
 
-def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def evaluate_checkpoint(
     checkpoint: str | os.PathLike,
     data_dir: str | os.PathLike,
@@ -144,7 +141,7 @@ def evaluate_checkpoint(
 ) -> dict:
     """Load a checkpoint folder (any registered model type) and its vocab.json; evaluate on the cloze stories
     (L_S(4) and the other metrics in `precision`; Story Cloze and the floors in fp32)."""
-    device = device or default_device()
+    device = str(default_device(device))
     model = load_model(checkpoint, device=device)
     vocab = Vocabulary.load(Path(checkpoint))
     windows, stats = encode_stories(load_validation_stories(data_dir), vocab, getattr(model.config, "n_tokens", 16))

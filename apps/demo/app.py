@@ -1,0 +1,187 @@
+"""The demo's page (`build_demo`), its server (`launch_demo`) and its command (`main`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import gradio as gr
+from transformers import HfArgumentParser
+
+from apps.demo.checks import FAILED_MESSAGE, READY_MESSAGE, format_duration, on_check, on_upload
+from apps.demo.config import COMPONENTS, CUSTOM, MAX_STEPS, RUN_MAX_AGE_S, DemoConfig
+from apps.demo.run import handle_run
+from pipeline.presets import PresetError, choose_preset
+
+
+def build_demo(config: DemoConfig | None = None) -> gr.Blocks:
+    """The Blocks app serving `config` (default `DemoConfig()`): the request's controls on the left, its results on
+    the right; a click first checks the request (cheap, not queued), then queues the rollout."""
+    config = config or DemoConfig()
+    choices = config.preset_choices()
+    preset = config.preset or (CUSTOM if CUSTOM in choices else "auto")
+    if preset not in choices:
+        raise PresetError(f"unknown preset {preset!r}; choose one of: {', '.join(choices)}")
+    with gr.Blocks(title="Semantic world model", analytics_enabled=False, delete_cache=(3600, RUN_MAX_AGE_S)) as demo:
+        gr.Markdown(
+            "# Semantic world model\n"
+            "A clip is sampled into frames, each frame is captioned, the **4-tensor predictor** continues the "
+            "captions with predicted sentences, and each predicted sentence is rendered back into a frame. "
+            f"Clips up to {config.max_file_mb:g} MB and {format_duration(config.max_duration_s)}."
+        )
+        with gr.Row():
+            with gr.Column(scale=1):
+                inputs, run = request_controls(config, choices, preset)
+            with gr.Column(scale=2):
+                results = result_panels()
+        wire(config, inputs, run, results)
+    demo.queue(max_size=config.queue_size)
+    return demo
+
+
+def request_controls(config: DemoConfig, choices: list[str], preset: str) -> tuple[dict, gr.Button]:
+    """The clip and the request's settings ({name: component}, in `handle_run`'s argument order) and the button."""
+    # gr.File, not gr.Video: the pipeline reads any container FFmpeg knows, while gr.Video's
+    # player flags every clip the browser cannot play (MPEG-4 Part 2, HEVC, ...) as an error.
+    clip = gr.File(label="Clip (MP4, MOV, MKV, WebM, AVI, ...)", elem_id="clip", height=120)
+    examples = config.example_clips()
+    if examples:
+        gr.Examples([[str(p)] for p in examples], inputs=[clip], label="Bundled examples")
+    inputs = {
+        "clip": clip,
+        "steps": gr.Slider(1, MAX_STEPS, value=config.steps, step=1, label="Predicted steps", elem_id="steps"),
+        "interval": gr.Slider(
+            0.25,
+            10,
+            value=config.interval,
+            step=0.25,
+            label="Sampling interval (seconds between frames)",
+            elem_id="interval",
+        ),
+        "preset": gr.Dropdown(
+            choices,
+            value=preset,
+            label="Model preset",
+            elem_id="preset",
+            info="custom = the models named on the command line"
+            if CUSTOM in choices
+            else "auto = hub models when cached or reachable, else the offline pack",
+        ),
+        "seed": gr.Number(value=config.seed, precision=0, label="Seed", elem_id="seed"),
+    }
+    with gr.Accordion("Sampling (optional)", open=False):
+        inputs["temperature"] = gr.Slider(
+            0, 2, value=0, step=0.1, label="Temperature (0 = greedy)", elem_id="temperature"
+        )
+        inputs["samples"] = gr.Slider(
+            1, 4, value=1, step=1, label="Alternative futures (needs temperature > 0)", elem_id="samples"
+        )
+    return inputs, gr.Button("Run rollout", variant="primary", elem_id="run")
+
+
+def result_panels() -> dict:
+    """What a request shows, {name: component} in the order of `apps.demo.run.outputs`' tuple."""
+    panels = {"banner": gr.Markdown(elem_id="unknown_banner"), "status": gr.Markdown(READY_MESSAGE, elem_id="status")}
+    gallery = {"columns": 4, "height": "auto", "object_fit": "contain"}
+    panels["observed"] = gr.Gallery(label="Sampled frames and their captions", elem_id="observed", **gallery)
+    panels["predicted"] = gr.Markdown(elem_id="predicted")
+    panels["rendered"] = gr.Gallery(label="Rendered predicted frames", elem_id="rendered", **gallery)
+    with gr.Row():
+        panels["video"] = gr.Video(
+            label="Rollout video (observed, then predicted)", elem_id="rollout_video", interactive=False, height=260
+        )
+        panels["archive"] = gr.File(label="Run folder (zip with rollout.json)", elem_id="run_zip", interactive=False)
+    return panels
+
+
+def wire(config: DemoConfig, inputs: dict, run: gr.Button, panels: dict) -> None:
+    """The events: an upload reports the clip; a click checks the request, then queues the rollout."""
+    clicked = gr.State()
+
+    def on_run(
+        clip,
+        steps,
+        interval,
+        preset,
+        seed,
+        temperature,
+        samples,
+        clicked_at,
+        progress=gr.Progress(),  # noqa: B008 (Gradio finds its tracker by this default; *args would hide it)
+    ):
+        return handle_run(
+            clip,
+            steps,
+            interval,
+            preset,
+            seed,
+            temperature,
+            samples,
+            config=config,
+            clicked_at=clicked_at,
+            progress=lambda fraction, message: progress(fraction, desc=message),
+        )
+
+    status, banner, clip = panels["status"], panels["banner"], inputs["clip"]
+    hidden = {"show_progress": "hidden", "api_visibility": "private"}
+    clip.change(lambda path: on_upload(path, config), [clip], [status], queue=False, **hidden)
+    outputs = [panels[k] for k in ("observed", "predicted", "rendered", "video", "archive", "status", "banner")]
+    run.click(
+        lambda path, n, s: on_check(path, n, config, s),
+        [clip, inputs["steps"], inputs["seed"]],
+        [status, banner, clicked],
+        concurrency_limit=None,
+        **hidden,
+    ).success(
+        on_run,
+        [*inputs.values(), clicked],
+        outputs,
+        concurrency_limit=config.concurrency,
+        concurrency_id="rollout",
+        api_name="rollout",
+    ).failure(lambda: FAILED_MESSAGE, None, [status], queue=False, **hidden)
+
+
+def launch_demo(demo: gr.Blocks, config: DemoConfig | None = None, **kwargs):
+    """Serve `demo` on `config.host`:`config.port` with Gradio's own upload limit (`max_file_mb`); `kwargs` go to
+    `gr.Blocks.launch` (and win over the config's host and port).
+
+    Gradio only hands out files from the working directory, the system temp folder and `allowed_paths`:
+    the examples folder is added, and a `temp_root` outside the first two (its run folders keep random names).
+    """
+    config = config or DemoConfig()
+    allowed = [str(config.examples_dir.resolve())] if config.examples_dir.is_dir() else []
+    root = config.temp_root.resolve()
+    if not any(root.is_relative_to(Path(p).resolve()) for p in (tempfile.gettempdir(), os.getcwd())):
+        allowed.append(str(root))
+    options = {"server_name": config.host, "server_port": config.port, **kwargs}
+    return demo.launch(max_file_size=int(config.max_file_mb * 1024 * 1024), allowed_paths=allowed or None, **options)
+
+
+def parse_args(argv: list[str] | None) -> DemoConfig:
+    parser = HfArgumentParser(DemoConfig, prog="python -m apps.demo", description=__doc__.split("\n\n")[0])
+    try:
+        (config,) = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
+    except ValueError as err:
+        parser.error(str(err))
+    return config
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    try:
+        demo = build_demo(config)
+    except PresetError as err:
+        raise SystemExit(f"error: {err}") from None
+    if len(config.overrides()) < len(COMPONENTS):
+        try:  # say now which models requests will use, or why none would work
+            chosen, reason = choose_preset(config.preset or "auto")
+            print(f"preset: {chosen.name} ({reason})")
+        except PresetError as err:
+            print(f"warning: {err}")
+    launch_demo(demo, config)
+    return 0

@@ -1,0 +1,179 @@
+"""One request of the demo: its own folder, the rollout, and the outputs the page shows."""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from apps.demo.checks import EMPTY_MESSAGE, check_clip, check_seed, check_steps, fail, md_escape, readable
+from apps.demo.config import COMPONENTS, CUSTOM, RUN_MAX_AGE_S, DemoConfig
+from encoders.frames import VideoError
+from pipeline.presets import PresetError
+from pipeline.rollout import RolloutError, RolloutResult, run_rollout
+from world_model.models.checkpoint import CheckpointError
+
+logger = logging.getLogger(__name__)
+KNOWN_ERRORS = (RolloutError, PresetError, VideoError, CheckpointError, ValueError, OSError)
+
+
+def new_request_dir(root: Path) -> Path:
+    """A fresh folder for one request; old ones (from earlier requests) are pruned first."""
+    root.mkdir(parents=True, exist_ok=True)
+    cutoff = time.time() - RUN_MAX_AGE_S
+    for old in root.iterdir():
+        try:
+            if old.is_dir() and old.stat().st_mtime < cutoff:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            pass
+    return Path(tempfile.mkdtemp(dir=root, prefix=time.strftime("%Y%m%d-%H%M%S-")))
+
+
+def safe_stem(path: Path) -> str:
+    stem = re.sub(r"[^A-Za-z0-9_-]+", "_", path.stem).strip("_")
+    return stem[:40] or "clip"
+
+
+def handle_run(
+    video: str | Path | None,
+    steps: float = 3,
+    interval: float = 1.0,
+    preset: str = "auto",
+    seed: float = 0,
+    temperature: float = 0.0,
+    samples: float = 1,
+    *,
+    config: DemoConfig | None = None,
+    progress: Callable[[float, str], None] | None = None,
+    clicked_at: float | None = None,
+) -> tuple:
+    """One request: check the inputs, run the rollout in a new folder, and return the outputs
+    (observed gallery, captions and predicted sentences, rendered gallery, video, zip, status, out-of-world
+    banner). `clicked_at` (time.time() of the click) makes the reported time include the wait in the queue.
+    Raises gr.Error with a readable message for anything that goes wrong."""
+    config = config or DemoConfig()
+    if video is None:
+        raise fail(EMPTY_MESSAGE)
+    steps_int = check_steps(steps)
+    seed_int = check_seed(seed)
+    if not interval or interval <= 0:
+        raise fail(f"The sampling interval must be a positive number of seconds; got {interval}.")
+    if samples is None or samples != samples or int(samples) < 1:
+        raise fail(f"Samples must be at least 1; got {samples}.")
+    path, _ = check_clip(video, config)
+
+    named = config.overrides()
+    if preset == CUSTOM:
+        if len(named) < len(COMPONENTS):
+            raise fail("The 'custom' preset needs --captioner, --renderer and --predictor on the command line.")
+        models = named
+    elif len(named) == len(COMPONENTS):
+        models = {}  # a named preset chosen instead of the command-line models
+    else:
+        models = named  # a partial override on top of the preset
+
+    request = new_request_dir(config.temp_root)
+    run_dir = request / f"{safe_stem(path)}-rollout"
+    report = progress or (lambda fraction, message: None)
+    started = time.time()
+    waited = max(started - clicked_at, 0.0) if clicked_at else 0.0
+    try:
+        result = run_rollout(
+            path,
+            steps=steps_int,
+            out_dir=run_dir,
+            preset=preset if preset != CUSTOM else "auto",
+            interval=float(interval),
+            max_frames=config.max_frames,
+            device=config.device,
+            samples=int(samples),
+            temperature=float(temperature or 0.0),
+            seed=seed_int,
+            progress=report,
+            **models,
+        )
+        report(1.0, "packing the run folder")
+        archive = Path(shutil.make_archive(str(run_dir), "zip", root_dir=request, base_dir=run_dir.name))
+    except KNOWN_ERRORS as err:
+        shutil.rmtree(request, ignore_errors=True)
+        raise fail(readable(err, path)) from None
+    except Exception as err:  # a bug: keep the traceback in the server log, show a sentence
+        logger.exception("rollout failed")
+        shutil.rmtree(request, ignore_errors=True)
+        raise fail(
+            f"The rollout failed unexpectedly ({type(err).__name__}: {readable(err, path)}). "
+            "The server log has the details."
+        ) from None
+    return outputs(result, archive, request.name, time.time() - started, int(samples), float(temperature or 0), waited)
+
+
+def unknown_banner(record: dict) -> str:
+    """A banner when frames are outside the captioner's world (`encoders.grounding`), else ""."""
+    grounding = record.get("grounding") or {}
+    if not grounding.get("flagged"):
+        return ""
+    where = "This clip is" if grounding["verdict"] == "outside" else "Part of this clip is"
+    return (
+        f"## ⚠️ {where} outside the models' world\n"
+        f"{grounding['flagged']} of {grounding['frames']} frames look like nothing the captioner "
+        f"(`{md_escape(Path(record['models']['captioner']).name)}`) was trained on, so their captions, the "
+        "predicted sentences and the rendered frames describe that world, not this clip. The offline pack knows "
+        "only its synthetic ball, box and elevator; real footage needs the hub models."
+    )
+
+
+def outputs(
+    result: RolloutResult,
+    archive: Path,
+    request_id: str,
+    seconds: float,
+    samples: int,
+    temperature: float,
+    waited: float = 0.0,
+) -> tuple:
+    record, run_dir = result.record, result.run_dir
+    observed = [(str(run_dir / o["image"]), f"t={o['timestamp_s']:.1f}s: {o['caption']}") for o in record["observed"]]
+    predictions = record["predictions"]
+    several = len(predictions) > 1
+    rendered = [
+        (str(run_dir / image), f"{f'sample {k + 1}, ' if several else ''}step {s + 1}: {sentence}")
+        for k, p in enumerate(predictions)
+        for s, (image, sentence) in enumerate(zip(p["images"], p["sentences"]))
+    ]
+    lines = ["### Captions", "", "| time | caption | in the captioner's world |", "|---:|---|:---:|"]
+    lines += [
+        f"| {o['timestamp_s']:.1f} s | {md_escape(o['caption']) or '*(empty)*'} | "
+        f"{ {True: 'yes', False: '**no**', None: '?'}[(o.get('grounding') or {}).get('grounded')] } |"
+        for o in record["observed"]
+    ]
+    lines += ["", "### Predicted sentences"]
+    for k, p in enumerate(predictions):
+        if several:
+            lines.append(f"**Sample {k + 1}**")
+        lines += ["", "| step | predicted sentence |", "|---:|---|"]
+        lines += [f"| {s + 1} | {md_escape(sentence) or '*(empty)*'} |" for s, sentence in enumerate(p["sentences"])]
+        lines.append("")
+    took = (
+        f"{waited + seconds:.1f} s ({waited:.1f} s waiting in the queue, {seconds:.1f} s running)"
+        if waited >= 0.5
+        else f"{seconds:.1f} s"
+    )
+    status = [
+        f"**Done** in {took}: {len(record['observed'])} frames captioned, "
+        f"{len(predictions[0]['sentences'])} steps predicted.",
+        "",
+        f"- Run folder: `{request_id}/{run_dir.name}`",
+        f"- Preset: **{md_escape(record['preset'])}** ({md_escape(record['preset_reason'])})",
+        f"- Readout: {md_escape(record.get('sampling', {}).get('readout', 'unknown'))}",
+        f"- Caption words outside the predictor's vocabulary: {record['oov']['rate']:.0%}",
+    ]
+    if samples > 1 and temperature <= 0:
+        status.append("- Temperature 0 is greedy, so one sample was made; raise the temperature for alternatives.")
+    status += [f"- Warning: {md_escape(w)}" for w in record["warnings"]]
+    video = str(run_dir / "rollout.mp4")
+    return observed, "\n".join(lines), rendered, video, str(archive), "\n".join(status), unknown_banner(record)

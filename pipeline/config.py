@@ -1,0 +1,109 @@
+"""The rollout's settings as dataclasses: which models (`ModelChoice`), which frames (`FrameSampling`) and what is
+written (`OutputConfig`); how sentences are predicted is `world_model.models.decoding.GenerationConfig`.
+
+The same classes serve the Python API (`run_rollout(video, steps, models, frames, generation, output)`), the
+command line (`transformers.HfArgumentParser` turns their fields into flags; `metadata["help"]` is the flag's help)
+and YAML files (`HfArgumentParser.parse_yaml_file`). Each checks its values in `__post_init__`, so a bad setting
+fails before any model work, with the flag's name in the message.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+MAX_FRAMES = 256  # sampled frames per run
+DEFAULT_INTERVAL_S = 1.0
+
+
+class ConfigError(ValueError):
+    """A setting is out of range or two settings contradict each other; the message names the flag."""
+
+
+@dataclass
+class ModelChoice:
+    """The models of a run: a preset (configs/pipeline/<name>.yaml, or `auto`), any component overridden."""
+
+    _argument_group_name = "models"
+    preset: str = field(default="auto", metadata={"help": "model preset: auto, hub or offline (default auto)"})
+    captioner: str | None = field(
+        default=None, metadata={"help": "image-to-text model: hub id or folder (overrides the preset)"}
+    )
+    renderer: str | None = field(
+        default=None, metadata={"help": "text-to-image model: hub id or folder (overrides the preset)"}
+    )
+    predictor: str | None = field(default=None, metadata={"help": "predictor checkpoint folder (overrides the preset)"})
+    device: str | None = field(default=None, metadata={"help": "torch device (default: cuda if available, else cpu)"})
+
+    def overrides(self) -> dict[str, str]:
+        """The components named explicitly: {component: hub id or folder}."""
+        return {c: v for c, v in (("captioner", self.captioner), ("renderer", self.renderer),
+                                  ("predictor", self.predictor)) if v}
+
+
+@dataclass
+class FrameSampling:
+    """Which frames of the clip are captioned: one every `interval` seconds, or `num_frames` evenly spaced."""
+
+    _argument_group_name = "frames"
+    interval: float | None = field(
+        default=None, metadata={"help": f"seconds between sampled frames (default {DEFAULT_INTERVAL_S:g})"}
+    )
+    num_frames: int | None = field(
+        default=None, metadata={"aliases": ["--frames"], "help": "sample this many evenly spaced frames instead"}
+    )
+    max_frames: int = field(default=32, metadata={"help": f"cap on sampled frames (default 32, at most {MAX_FRAMES})"})
+    frames_per_state: int | None = field(
+        default=None, metadata={"help": "frames tiled into each state strip (default: the preset's, else 1)"}
+    )
+
+    def __post_init__(self) -> None:
+        if self.interval is not None and self.num_frames is not None:
+            raise ConfigError("--interval and --frames exclude each other: sample by time or by count")
+        if self.interval is not None and not (math.isfinite(self.interval) and self.interval > 0):
+            raise ConfigError(f"--interval must be a positive number of seconds, got {self.interval}")
+        if self.num_frames is not None and self.num_frames < 1:
+            raise ConfigError(f"--frames must be at least 1, got {self.num_frames}")
+        if not 1 <= self.max_frames <= MAX_FRAMES:
+            raise ConfigError(f"--max-frames must be between 1 and {MAX_FRAMES}, got {self.max_frames}")
+        if self.frames_per_state is not None and (
+            self.frames_per_state < 1 or (self.frames_per_state > 1 and self.num_frames is not None)
+        ):
+            raise ConfigError(
+                f"--frames-per-state must be at least 1, and 1 with --frames (evenly spaced frames); got "
+                f"{self.frames_per_state}; sample with --interval instead"
+            )
+
+    @property
+    def seconds(self) -> float:
+        """The interval in use: `interval`, or the default."""
+        return DEFAULT_INTERVAL_S if self.interval is None else self.interval
+
+
+@dataclass
+class OutputConfig:
+    """What a run writes and how it treats frames outside the captioner's world."""
+
+    _argument_group_name = "output"
+    out_dir: Path | None = field(
+        default=None, metadata={"aliases": ["--out"], "help": "run folder (default runs/<clip>-<time>)"}
+    )
+    overwrite: bool = field(default=False, metadata={"help": "replace an existing run folder"})
+    fps: float = field(default=2.0, metadata={"help": "frame rate of rollout.mp4 (default 2)"})
+    init_from_last_frame: bool = field(
+        default=False, metadata={"help": "render image-to-image from the last observed frame"}
+    )
+    on_unknown: Literal["warn", "stop"] = field(
+        default="warn",
+        metadata={"help": "frames outside the captioner's world: warn (default) or stop before predicting"},
+    )
+
+    def __post_init__(self) -> None:
+        if self.out_dir is not None:
+            self.out_dir = Path(self.out_dir)
+        if not (math.isfinite(self.fps) and self.fps > 0):
+            raise ConfigError(f"--fps must be a positive number, got {self.fps}")
+        if self.on_unknown not in ("warn", "stop"):
+            raise ConfigError(f"--on-unknown must be one of warn, stop, got {self.on_unknown!r}")
