@@ -140,7 +140,10 @@ def sample_frames(
         decoded, pts, ended = _decode_at(capture, wanted, info, max_side)
     finally:
         capture.release()
-    broken = ended and pts < last - max(interval, 1.0)  # the stream stopped well before its declared end
+    # Broken: the stream stopped well before the end of its own frames. A video stream that simply ends before the
+    # container's declared duration (a longer audio track, rounding) has reached its last frame and is not broken.
+    stream_end = min(last, (info.frame_count - 1) / info.fps) if info.frame_count else last
+    broken = ended and pts < stream_end - max(interval, 1.0)
     if broken and decoded:
         decoded = {t: f for t, f in decoded.items() if f[1] < pts}  # the frame before a break may be cut short
     frames = []
@@ -154,10 +157,15 @@ def sample_frames(
         raise VideoError(
             f"No frame of {path} could be decoded (it claims {info.duration:.2f}s, {info.frame_count} frames)"
         )
-    if len(frames) < len(plan):
+    if len(frames) < len(plan) and broken:
         warnings.append(
             f"{path.name}: decoding stopped at {pts:.2f}s of {info.duration:.2f}s; returning {len(frames)} of "
             f"{len(plan)} planned frames. The file is probably truncated or corrupt."
+        )
+    elif len(frames) < len(plan):
+        warnings.append(
+            f"{path.name}: the video stream ends at {pts:.2f}s, before the {info.duration:.2f}s the container declares "
+            f"(a longer audio track, or rounding); returning the {len(frames)} of {len(plan)} planned frames it holds"
         )
     for message in warnings:
         logger.warning(message)

@@ -275,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # only local folders are used: never wait on the hub
     import torch
 
+    from pipeline.config import FrameSampling, ModelChoice
     from pipeline.rollout import RolloutError, run_rollout
 
     if args.preset == "offline":
@@ -306,12 +307,10 @@ def main(argv: list[str] | None = None) -> int:
             with RssWatcher() as memory:
                 run = run_rollout(
                     video,
-                    steps=args.steps,
-                    out_dir=tmp / "run",
-                    interval=args.interval,
-                    device="cpu",
-                    preset="offline" if args.preset == "offline" else "auto",
-                    **kwargs,
+                    args.steps,
+                    ModelChoice(preset="offline" if args.preset == "offline" else "auto", device="cpu", **kwargs),
+                    FrameSampling(interval=args.interval),
+                    output=tmp / "run",
                 )
             wall = time.perf_counter() - start
     except (RolloutError, PresetError, ValueError, OSError) as err:

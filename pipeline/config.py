@@ -10,9 +10,12 @@ fails before any model work, with the flag's name in the message.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
+
+from pipeline.presets import PipelinePreset, choose_preset
+from world_model.utils.hub import default_device
 
 MAX_FRAMES = 256  # sampled frames per run
 DEFAULT_INTERVAL_S = 1.0
@@ -39,8 +42,11 @@ class ModelChoice:
 
     def overrides(self) -> dict[str, str]:
         """The components named explicitly: {component: hub id or folder}."""
-        return {c: v for c, v in (("captioner", self.captioner), ("renderer", self.renderer),
-                                  ("predictor", self.predictor)) if v}
+        return {
+            c: v
+            for c, v in (("captioner", self.captioner), ("renderer", self.renderer), ("predictor", self.predictor))
+            if v
+        }
 
 
 @dataclass
@@ -107,3 +113,26 @@ class OutputConfig:
             raise ConfigError(f"--fps must be a positive number, got {self.fps}")
         if self.on_unknown not in ("warn", "stop"):
             raise ConfigError(f"--on-unknown must be one of warn, stop, got {self.on_unknown!r}")
+
+
+@dataclass
+class Plan:
+    """A run resolved before any work: the preset with overrides applied, the frames to read, the device."""
+
+    preset: PipelinePreset
+    reason: str  # why this preset
+    frames: FrameSampling  # frames_per_state filled in from the preset
+    device: str
+
+
+def make_plan(models: ModelChoice, frames: FrameSampling) -> Plan:
+    """The preset (`auto` resolved, overrides applied) and the frame sampling with the preset's strip width."""
+    named = models.overrides()
+    if len(named) == 3:
+        preset, reason = PipelinePreset("custom", **named), "all components named"
+    else:
+        preset, reason = choose_preset(models.preset)
+    preset = preset.with_models(named)
+    if frames.frames_per_state is None:
+        frames = replace(frames, frames_per_state=1 if frames.num_frames is not None else preset.frames_per_state)
+    return Plan(preset, reason, frames, str(default_device(models.device)))

@@ -100,9 +100,7 @@ def choose_preset(name: str) -> tuple[PipelinePreset, str]:
         preset = load_preset(name)
         if name == "offline" and missing_offline_models(preset):
             raise PresetError(offline_missing_message(preset))
-        unavailable = [
-            m for m in (preset.captioner, preset.renderer) if name == "hub" and not hub_model_available(m)
-        ]
+        unavailable = [m for m in (preset.captioner, preset.renderer) if name == "hub" and not hub_model_available(m)]
         if unavailable:  # fail now, not after minutes of download retries
             from huggingface_hub import constants
 

@@ -89,22 +89,13 @@ def measure(device: str, repeats: int = 2, caption_tokens: int = 30, memory=None
     """
     dtype = torch.float16 if device == "cuda" else torch.float32
     result = {"device": device, "dtype": str(dtype).removeprefix("torch."), "repeats": repeats}
-    for name, build, run in (
-        ("caption", build_captioner, lambda m: caption_once(m, device, dtype, caption_tokens)),
-        ("render", build_renderer, None),
-    ):
+    for name in ("caption", "render"):
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
-        built = build(dtype, device)
+        built = (build_captioner if name == "caption" else build_renderer)(dtype, device)
         build_s = time.perf_counter() - start
-        if name == "render":
-            parts, settings = built
-            params = {k: sum(p.numel() for p in m.parameters()) for k, m in parts.items()}
-            seconds = timed(lambda: render_once(parts, settings, device, dtype), repeats, device)
-        else:
-            params = {"blip": sum(p.numel() for p in built.parameters())}
-            seconds = timed(lambda: run(built), repeats, device)
+        params, seconds = time_component(name, built, device, dtype, repeats, caption_tokens)
         peak = torch.cuda.max_memory_allocated() if device == "cuda" else memory()
         result[name] = {
             "seconds_per_frame": round(seconds, 3),
@@ -112,8 +103,18 @@ def measure(device: str, repeats: int = 2, caption_tokens: int = 30, memory=None
             "parameters_m": {k: round(v / 1e6, 1) for k, v in params.items()},
             ("peak_cuda_allocated_mib" if device == "cuda" else "peak_rss_mib"): round(peak / 2**20),
         }
-        del built
+        del built  # free one component before building the next
     return result
+
+
+def time_component(name: str, built, device: str, dtype, repeats: int, caption_tokens: int) -> tuple[dict, float]:
+    """Parameter counts {part: count} and median seconds per frame of the built captioner or renderer."""
+    if name == "render":
+        parts, settings = built
+        params = {k: sum(p.numel() for p in m.parameters()) for k, m in parts.items()}
+        return params, timed(lambda: render_once(parts, settings, device, dtype), repeats, device)
+    params = {"blip": sum(p.numel() for p in built.parameters())}
+    return params, timed(lambda: caption_once(built, device, dtype, caption_tokens), repeats, device)
 
 
 def format_result(result: dict) -> str:

@@ -228,3 +228,44 @@ def test_frames_smaller_than_the_minimum_are_refused(tmp_path):
     with pytest.raises(VideoError, match=f"2x2 frames; at least {MIN_SIDE}x{MIN_SIDE} pixels"):
         sample_frames(path)
     assert probe_video(write_test_clip(tmp_path / "ok.mp4", 1.0, FPS, (MIN_SIDE, MIN_SIDE))).width == MIN_SIDE
+
+
+def test_a_video_stream_shorter_than_its_container_is_not_called_corrupt(tmp_path):
+    """3 s of video muxed with 4 s of audio: the container says 4 s; the stream's frames end at 2.9 s."""
+    import subprocess
+
+    import imageio_ffmpeg
+
+    video = write_test_clip(tmp_path / "v.mp4", seconds=3.0, fps=10)
+    muxed = tmp_path / "with_audio.mp4"
+    subprocess.run(
+        [
+            imageio_ffmpeg.get_ffmpeg_exe(),
+            "-y",
+            "-loglevel",
+            "error",
+            "-i",
+            str(video),
+            "-f",
+            "lavfi",
+            "-i",
+            "anullsrc=r=8000:cl=mono",
+            "-t",
+            "4",
+            "-map",
+            "0:v",
+            "-map",
+            "1:a",
+            "-c:v",
+            "copy",
+            "-c:a",
+            "aac",
+            str(muxed),
+        ],
+        check=True,
+    )
+    clip = sample_frames(muxed, interval=0.5)
+    assert clip.info.duration == pytest.approx(4.0, abs=0.05)
+    assert [round(f.timestamp, 2) for f in clip] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
+    assert len(clip.warnings) == 1 and "truncated or corrupt" not in clip.warnings[0]
+    assert "the video stream ends at 2.90s" in clip.warnings[0]

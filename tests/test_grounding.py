@@ -14,6 +14,7 @@ from encoders.captioner import HFCaptioner
 from encoders.frames import sample_frames
 from encoders.grounding import CAPTION_LOGPROB, FEATURE_DISTANCE, FeatureReference, Grounding, clip_verdict
 from pipeline import rollout as rollout_module
+from pipeline.config import ModelChoice
 from pipeline.pack.grounding import pan_zoom_clip
 from pipeline.rollout import main, run_rollout
 from tests.model_factories import make_tiny_blip, one_torch_thread
@@ -108,9 +109,9 @@ def test_rollout_records_per_frame_scores_the_verdict_and_a_warning(parts, tmp_p
     with one_torch_thread():
         result = run_rollout(
             parts["clip"],
-            steps=1,
-            out_dir=tmp_path / "run",
-            **{k: parts[k] for k in ("captioner", "renderer", "predictor")},
+            1,
+            ModelChoice(**{k: parts[k] for k in ("captioner", "renderer", "predictor")}),
+            output=tmp_path / "run",
         )
     record = json.loads((tmp_path / "run" / "rollout.json").read_text())
     assert record["grounding"]["verdict"] == "outside" and record["grounding"]["flagged"] == 3
@@ -125,9 +126,9 @@ def test_a_grounded_clip_gets_no_warning(parts, tmp_path, monkeypatch):
     with one_torch_thread():
         result = run_rollout(
             parts["clip"],
-            steps=1,
-            out_dir=tmp_path / "run",
-            **{k: parts[k] for k in ("captioner", "renderer", "predictor")},
+            1,
+            ModelChoice(**{k: parts[k] for k in ("captioner", "renderer", "predictor")}),
+            output=tmp_path / "run",
         )
     assert result.record["grounding"]["verdict"] == "inside"
     assert not any("captioner's world" in w for w in result.record["warnings"])

@@ -12,11 +12,19 @@ import torch
 from PIL import Image
 
 from pipeline import rollout as rollout_module
+from pipeline.config import FrameSampling, ModelChoice
 from pipeline.rollout import RolloutError, main, run_rollout
 from tests.model_factories import make_tiny_blip, make_tiny_sd, one_torch_thread, write_test_clip
+from world_model.models.decoding import GenerationConfig
 from world_model.models.four_tensor import FourTensorConfig, FourTensorModel
 from world_model.text.vocab import Vocabulary, same_sentence
 from world_model.text.windows import as_state_sentence, caption_window
+
+
+def choice(models: dict) -> ModelChoice:
+    """The tiny models as the rollout's model choice."""
+    return ModelChoice(**{k: models[k] for k in ("captioner", "renderer", "predictor")})
+
 
 WORDS = ["a red square moves to the right .", "the square stops at the wall .", "a ball falls down ."]
 
@@ -77,26 +85,15 @@ def test_cli_writes_a_complete_run_folder(models, clip, tmp_path, capsys):
 def test_state_strips_are_captioned_one_per_interval(models, clip, tmp_path):
     with one_torch_thread():
         result = run_rollout(
-            clip,
-            steps=1,
-            out_dir=tmp_path / "run",
-            frames_per_state=3,
-            **{k: models[k] for k in ("captioner", "renderer", "predictor")},
+            clip, 1, models=choice(models), frames=FrameSampling(frames_per_state=3), output=tmp_path / "run"
         )
     record = result.record
     assert record["sampling"]["frames_per_state"] == 3
     assert [o["timestamp_s"] for o in record["observed"]] == [0.0, 1.0, 2.0]
     assert all(img.shape == (96, 3 * 160, 3) for img in result.observed)
     assert Image.open(result.run_dir / record["observed"][0]["image"]).size == (480, 96)
-    with pytest.raises(RolloutError, match="--frames"):
-        run_rollout(
-            clip,
-            steps=1,
-            out_dir=tmp_path / "other",
-            num_frames=2,
-            frames_per_state=3,
-            **{k: models[k] for k in ("captioner", "renderer", "predictor")},
-        )
+    with pytest.raises(ValueError, match="--frames"):
+        FrameSampling(num_frames=2, frames_per_state=3)
 
 
 def test_sampling_gives_seeded_alternative_futures(models, clip, tmp_path):
@@ -104,12 +101,10 @@ def test_sampling_gives_seeded_alternative_futures(models, clip, tmp_path):
         runs = [
             run_rollout(
                 clip,
-                steps=2,
-                out_dir=tmp_path / name,
-                samples=3,
-                temperature=1.5,
-                seed=seed,
-                **{k: models[k] for k in ("captioner", "renderer", "predictor")},
+                2,
+                models=choice(models),
+                generation=GenerationConfig(samples=3, temperature=1.5, seed=seed),
+                output=tmp_path / name,
             )
             for name, seed in (("a", 7), ("b", 7), ("c", 8))
         ]
@@ -135,9 +130,7 @@ def test_window_left_pads_short_clips_and_counts_unknown_words(models):
 def test_caption_of_only_unknown_words_is_a_documented_warning(models, clip, tmp_path, monkeypatch):
     monkeypatch.setattr(rollout_module, "load_captioner", lambda *a: lambda images: ["zebra quokka"] * len(images))
     with one_torch_thread():
-        result = run_rollout(
-            clip, steps=1, out_dir=tmp_path / "run", **{k: models[k] for k in ("captioner", "renderer", "predictor")}
-        )
+        result = run_rollout(clip, 1, models=choice(models), output=tmp_path / "run")
     assert result.record["oov"]["rate"] == 1.0
     assert any("outside the predictor's vocabulary" in w for w in result.record["warnings"])
 
@@ -163,9 +156,7 @@ def test_bad_videos_give_a_clear_error_and_no_run_folder(models, tmp_path, capsy
 def test_one_frame_clip_predicts_from_one_state(models, tmp_path):
     video = write_test_clip(tmp_path / "one.mp4", seconds=0.1, fps=10)
     with one_torch_thread():
-        result = run_rollout(
-            video, steps=2, out_dir=tmp_path / "run", **{k: models[k] for k in ("captioner", "renderer", "predictor")}
-        )
+        result = run_rollout(video, 2, models=choice(models), output=tmp_path / "run")
     assert len(result.record["observed"]) == 1
     assert result.record["window"]["states"][:3] == ["", "", ""]
     assert len(result.predicted_sentences[0]) == 2
@@ -191,7 +182,7 @@ def test_existing_run_folder_is_kept_unless_overwrite(models, clip, tmp_path):
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     with pytest.raises(RolloutError, match="--overwrite"):
-        run_rollout(clip, steps=1, out_dir=out, **{k: models[k] for k in ("captioner", "renderer", "predictor")})
+        run_rollout(clip, 1, models=choice(models), output=out)
     assert (out / "keep.txt").read_text() == "mine"
 
 
@@ -204,9 +195,7 @@ def test_interrupted_run_leaves_no_half_written_folder(models, clip, tmp_path, m
 
     monkeypatch.setattr(rollout_module, "load_renderer", broken_renderer)
     with pytest.raises(KeyboardInterrupt), one_torch_thread():
-        run_rollout(
-            clip, steps=1, out_dir=tmp_path / "run", **{k: models[k] for k in ("captioner", "renderer", "predictor")}
-        )
+        run_rollout(clip, 1, models=choice(models), output=tmp_path / "run")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -239,8 +228,16 @@ def test_readout_picks_known_sentences_when_the_predictor_lists_them(models, cli
         model = FourTensorModel(FourTensorConfig(vocab_size=len(models["vocab"]), d_x=4, d_t=2, n_heads=1, n_layers=1))
         model.save_pretrained(folder, vocab=models["vocab"], known_sentences=known)
         parts = {"captioner": models["captioner"], "renderer": models["renderer"], "predictor": str(folder)}
-        closed = run_rollout(clip, steps=3, out_dir=tmp_path / "closed", samples=4, temperature=3.0, **parts)
-        free = run_rollout(clip, steps=3, out_dir=tmp_path / "free", readout="tokens", **parts)
+        closed = run_rollout(
+            clip,
+            3,
+            ModelChoice(**parts),
+            generation=GenerationConfig(samples=4, temperature=3.0),
+            output=tmp_path / "closed",
+        )
+        free = run_rollout(
+            clip, 3, ModelChoice(**parts), generation=GenerationConfig(readout="tokens"), output=tmp_path / "free"
+        )
     assert closed.record["sampling"]["readout"] == "sentences (2 known)"
     predicted = [s for sample in closed.predicted_sentences for s in sample]
     assert all(any(same_sentence(p, k) for k in known) for p in predicted), predicted

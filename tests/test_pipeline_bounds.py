@@ -7,8 +7,10 @@ import signal
 import pytest
 
 from pipeline import rollout as rollout_module
-from pipeline.rollout import MAX_FRAMES, MAX_SAMPLES, MAX_SEED, MAX_STEPS, main, run_rollout
+from pipeline.config import MAX_FRAMES, ModelChoice
+from pipeline.rollout import MAX_SAMPLES, MAX_STEPS, main, run_rollout
 from tests.model_factories import one_torch_thread
+from world_model.models.decoding import MAX_SEED, GenerationConfig
 
 
 def model_args(parts):
@@ -45,12 +47,11 @@ def test_rendering_reports_progress_after_every_state(parts, tmp_path):
     with one_torch_thread():
         result = run_rollout(
             parts["clip"],
-            steps=2,
-            samples=2,
-            temperature=1.0,
-            out_dir=tmp_path / "run",
+            2,
+            ModelChoice(**{k: parts[k] for k in ("captioner", "renderer", "predictor")}),
+            generation=GenerationConfig(samples=2, temperature=1.0),
+            output=tmp_path / "run",
             progress=lambda fraction, message: seen.append(message),
-            **{k: parts[k] for k in ("captioner", "renderer", "predictor")},
         )
     assert [m for m in seen if m.startswith("rendering")] == [
         f"rendering predicted state {i} of 4" for i in range(1, 5)

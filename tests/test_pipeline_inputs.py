@@ -102,7 +102,7 @@ def test_frames_option_takes_evenly_spaced_frames(models, clip, tmp_path, capsys
     "options, message",
     [
         (["--steps", "0"], "--steps must be between 1 and 64, got 0"),
-        (["--samples", "0"], "--samples must be between 1 and 16, got 0"),
+        (["--samples", "0"], "--samples must be at least 1, got 0"),
         (["--frames", "0"], "--frames must be at least 1, got 0"),
         (["--max-frames", "0"], "--max-frames must be between 1 and 256, got 0"),
         (["--interval", "0"], "--interval must be a positive number of seconds, got 0.0"),

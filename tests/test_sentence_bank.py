@@ -241,8 +241,10 @@ def test_predict_reads_the_bank_by_default_and_tokens_by_flag(tmp_path, capsys):
 
 
 def test_the_video_rollout_reads_a_predictor_bank_by_default(tmp_path):
+    from pipeline.config import ModelChoice
     from pipeline.rollout import run_rollout
     from tests.model_factories import make_tiny_blip, make_tiny_sd, one_torch_thread, write_test_clip
+    from world_model.models.decoding import GenerationConfig
 
     bank = ["a red square moves to the right.", "the square stops at the wall."]
     with one_torch_thread():
@@ -258,8 +260,10 @@ def test_the_video_rollout_reads_a_predictor_bank_by_default(tmp_path):
             "predictor": str(tmp_path / "predictor"),
         }
         clip = write_test_clip(tmp_path / "clip.mp4", seconds=2.0, fps=10)
-        result = run_rollout(clip, steps=3, out_dir=tmp_path / "run", **parts)
-        free = run_rollout(clip, steps=1, out_dir=tmp_path / "free", readout="tokens", **parts)
+        result = run_rollout(clip, 3, ModelChoice(**parts), output=tmp_path / "run")
+        free = run_rollout(
+            clip, 1, ModelChoice(**parts), generation=GenerationConfig(readout="tokens"), output=tmp_path / "free"
+        )
     assert result.record["sampling"]["readout"] == "bank (2 sentences)"
     assert set(result.predicted_sentences[0]) <= set(bank)
     assert free.record["sampling"]["readout"] == "tokens"

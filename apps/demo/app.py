@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import tempfile
@@ -10,6 +11,7 @@ from pathlib import Path
 import gradio as gr
 from transformers import HfArgumentParser
 
+from apps import demo as demo_package
 from apps.demo.checks import FAILED_MESSAGE, READY_MESSAGE, format_duration, on_check, on_upload
 from apps.demo.config import COMPONENTS, CUSTOM, MAX_STEPS, RUN_MAX_AGE_S, DemoConfig
 from apps.demo.run import handle_run
@@ -161,7 +163,12 @@ def launch_demo(demo: gr.Blocks, config: DemoConfig | None = None, **kwargs):
 
 
 def parse_args(argv: list[str] | None) -> DemoConfig:
-    parser = HfArgumentParser(DemoConfig, prog="python -m apps.demo", description=__doc__.split("\n\n")[0])
+    parser = HfArgumentParser(
+        DemoConfig,
+        prog="python -m apps.demo",
+        description=demo_package.__doc__.split("\n\n")[0],
+        formatter_class=argparse.HelpFormatter,
+    )
     try:
         (config,) = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
     except ValueError as err:

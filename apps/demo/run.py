@@ -13,9 +13,11 @@ from typing import Callable
 from apps.demo.checks import EMPTY_MESSAGE, check_clip, check_seed, check_steps, fail, md_escape, readable
 from apps.demo.config import COMPONENTS, CUSTOM, RUN_MAX_AGE_S, DemoConfig
 from encoders.frames import VideoError
+from pipeline.config import FrameSampling, ModelChoice
 from pipeline.presets import PresetError
 from pipeline.rollout import RolloutError, RolloutResult, run_rollout
 from world_model.models.checkpoint import CheckpointError
+from world_model.models.decoding import GenerationConfig
 
 logger = logging.getLogger(__name__)
 KNOWN_ERRORS = (RolloutError, PresetError, VideoError, CheckpointError, ValueError, OSError)
@@ -85,17 +87,12 @@ def handle_run(
     try:
         result = run_rollout(
             path,
-            steps=steps_int,
-            out_dir=run_dir,
-            preset=preset if preset != CUSTOM else "auto",
-            interval=float(interval),
-            max_frames=config.max_frames,
-            device=config.device,
-            samples=int(samples),
-            temperature=float(temperature or 0.0),
-            seed=seed_int,
+            steps_int,
+            models=ModelChoice(preset=preset if preset != CUSTOM else "auto", device=config.device, **models),
+            frames=FrameSampling(interval=float(interval), max_frames=config.max_frames),
+            generation=GenerationConfig(samples=int(samples), temperature=float(temperature or 0.0), seed=seed_int),
+            output=run_dir,
             progress=report,
-            **models,
         )
         report(1.0, "packing the run folder")
         archive = Path(shutil.make_archive(str(run_dir), "zip", root_dir=request, base_dir=run_dir.name))

@@ -49,9 +49,7 @@ def renderer_round_trip(
     ``guidance`` and ``solver`` (one of ``pixel_pipeline.SOLVERS``) left ``None`` are the pipeline's own."""
     if not sentences:
         raise ValueError("no sentences to render")
-    cap = HFCaptioner.from_pretrained(
-        str(captioner), device="cpu", **load_preset("offline").captioner_options
-    )
+    cap = HFCaptioner.from_pretrained(str(captioner), device="cpu", **load_preset("offline").captioner_options)
     ren = DiffusersRenderer.from_pretrained(
         str(renderer), device="cpu", num_inference_steps=steps, guidance_scale=guidance, pipeline_class=PIPELINE_CLASS
     )

@@ -3,10 +3,8 @@ from captions and from true sentences, renders captioned back, each stage timed.
 
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -29,19 +27,13 @@ from world_model.models.decoding import readout_name
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import same_sentence
 from world_model.utils.hub import ModelLoadError
+from world_model.utils.timing import timed
 
 
 def exact_fraction(texts: Sequence[str], truths: Sequence[str], weights: Sequence[int] | None = None) -> float:
     """Weighted fraction of ``texts`` equal to their ``truths`` (each weight 1 by default)."""
     weights = [1] * len(texts) if weights is None else weights
     return sum(w for t, g, w in zip(texts, truths, weights, strict=True) if same_sentence(t, g)) / sum(weights)
-
-
-@contextmanager
-def timed(timings: dict, stage: str) -> Iterator[None]:
-    start = time.perf_counter()
-    yield
-    timings[stage] = timings.get(stage, 0.0) + time.perf_counter() - start
 
 
 def render_all(

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from world_model.generation.sentence_bank import BANK_READOUTS, resolve_readout
+from world_model.generation.sentence_bank import resolve_readout
+from world_model.models.decoding import GENERATION_READOUTS
 from world_model.models.checkpoint import CheckpointError
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import tokenize
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--readout",
-        choices=BANK_READOUTS,
+        choices=GENERATION_READOUTS,
         default="auto",
         help="sentences: one of the checkpoint's known sentences per step; bank: one of its sentence "
         "bank's; tokens: read tokens off freely (the paper's per-slot readout); auto (default): "

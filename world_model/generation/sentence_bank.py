@@ -35,13 +35,12 @@ from typing import Sequence
 import torch
 
 from world_model.models.checkpoint import resolve_folder
-from world_model.models.decoding import KNOWN_SENTENCES_NAME, READOUTS, choose_candidates
+from world_model.models.decoding import GENERATION_READOUTS, KNOWN_SENTENCES_NAME, choose_candidates
 from world_model.text.vocab import PAD_ID, UNK_ID, UnknownWordError, Vocabulary, tokenize
 
 BANK_NAME = "sentence_bank.json.gz"  # in a predictor folder: {"sentences": [...], "names": [...], "source": ...}
 SAMPLE_TOP_K = 20  # sampling draws among this many best sentences unless top_k is given: over the whole bank,
 # length-normalised scores are nearly flat and a draw is any sentence at all
-BANK_READOUTS = (*READOUTS[:2], "bank", READOUTS[2])  # auto, sentences (known), bank, tokens
 LENGTH_POWER = 1.5  # score = summed slot log-likelihood / length ** LENGTH_POWER, chosen in docs/readout/selection.md
 _WORD = re.compile(r"[^\W_]+(?:['\-][^\W_]+)*")
 _VERB_LIKE = frozenset(
@@ -357,8 +356,8 @@ def resolve_readout(
 ) -> Readout:
     """The readout a predictor folder gets: `auto` takes its known sentences, else its sentence bank, else
     tokens; `sentences` and `bank` require the file; `tokens` reads tokens off freely."""
-    if readout not in BANK_READOUTS:
-        raise ValueError(f"readout must be one of {', '.join(BANK_READOUTS)}, got {readout!r}")
+    if readout not in GENERATION_READOUTS:
+        raise ValueError(f"readout must be one of {', '.join(GENERATION_READOUTS)}, got {readout!r}")
     if readout == "tokens":
         return Readout("tokens")
     if readout == "sentences" or (readout == "auto" and known is not None):

@@ -1,0 +1,138 @@
+"""What a rollout writes into its run folder: the frames as PNG, rollout.json, the storyboard, the MP4 and the GIF."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from encoders.frames import SampledClip
+from pipeline.config import OutputConfig, Plan
+from renderers.outputs import write_storyboard
+from world_model.models.decoding import GenerationConfig
+from world_model.utils.video import write_gif, write_video
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+def write_outputs(
+    folder: Path,
+    record: dict,
+    observed: list[np.ndarray],
+    rendered: list[list[np.ndarray]],
+    captions: list[str],
+    fps: float,
+) -> None:
+    """Frames as PNG, the storyboard, and the video (observed frames, then the first sample's future)."""
+    for entry, image in zip(record["observed"], observed):
+        save_png(folder / entry["image"], image)
+    for prediction, images in zip(record["predictions"], rendered):
+        for name, image in zip(prediction["images"], images):
+            save_png(folder / name, image)
+    first = record["predictions"][0]
+    observed_cells = [
+        (img, f"t={e['timestamp_s']:.1f}s: {e['caption']}") for img, e in zip(observed, record["observed"])
+    ]
+    predicted_cells = [
+        (img, f"step {s + 1}: {text}") for s, (img, text) in enumerate(zip(rendered[0], first["sentences"]))
+    ]
+    write_storyboard(observed_cells, predicted_cells, folder / "storyboard.png", title=Path(record["video"]).name)
+    size = observed[0].shape[:2]
+    frames = [fit(img, size) for img in observed + rendered[0]]
+    write_video(frames, folder / "rollout.mp4", fps=fps)
+    write_gif(frames, folder / "rollout.gif", fps=fps)
+
+
+def save_png(path: Path, image: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(image).save(path)
+
+
+def fit(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Resize an (H, W, 3) frame to (height, width) = size, so observed and rendered frames share a video."""
+    if image.shape[:2] == size:
+        return image
+    return np.asarray(Image.fromarray(image).resize((size[1], size[0]), Image.BICUBIC))
+
+
+def window_warnings(window) -> list[str]:
+    if window.tokens and window.unknown == window.tokens:
+        return [
+            "every caption word is outside the predictor's vocabulary: the prediction rests on sentence positions alone"
+        ]
+    return []
+
+
+def rollout_record(
+    video: Path,
+    clip: SampledClip,
+    plan: Plan,
+    steps: int,
+    generation: GenerationConfig,
+    output: OutputConfig,
+    readout: str,
+    captions,
+    groundings,
+    verdict,
+    window,
+    predictions,
+) -> dict:
+    """rollout.json: the clip, the models, the settings, every observed frame, the window and the predictions."""
+    info, f = clip.info, plan.frames
+    return {
+        "video": str(video),
+        "clip": {
+            "fps": info.fps,
+            "duration_s": info.duration,
+            "width": info.width,
+            "height": info.height,
+            "rotation": info.rotation,
+        },
+        "preset": plan.preset.name,
+        "preset_reason": plan.reason,
+        "models": {
+            "captioner": plan.preset.captioner,
+            "renderer": plan.preset.renderer,
+            "predictor": plan.preset.predictor,
+            "device": plan.device,
+        },
+        "sampling": {
+            "interval_s": f.seconds,
+            "num_frames": f.num_frames,
+            "max_frames": f.max_frames,
+            "frames_per_state": f.frames_per_state,
+            "steps": steps,
+            "temperature": generation.temperature,
+            "top_k": generation.top_k,
+            "seed": generation.seed,
+            "readout": readout,
+            "samples": len(predictions),
+            "init_from_last_frame": output.init_from_last_frame,
+        },
+        "observed": [
+            {
+                "timestamp_s": round(fr.timestamp, 3),
+                "frame_index": fr.index,
+                "caption": text,
+                "grounding": g.as_dict() if g else None,
+                "image": f"observed/{i:03d}.png",
+            }
+            for i, (fr, text, g) in enumerate(zip(clip, captions, groundings))
+        ],
+        "grounding": verdict,
+        "window": {"states": window.states, "token_ids": window.token_ids[0].tolist()},
+        "oov": {
+            "tokens": window.tokens,
+            "unknown": window.unknown,
+            "rate": round(window.oov_rate, 4),
+            "unknown_words": window.unknown_words,
+        },
+        "predictions": [
+            {**q, "images": [f"rendered/sample{k}_step{s + 1:02d}.png" for s in range(steps)]}
+            for k, q in enumerate(predictions)
+        ],
+    }
