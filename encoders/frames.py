@@ -106,11 +106,11 @@ def sample_frames(
     """Sample frames from ``path``.
 
     By default one frame every ``interval`` seconds starting at 0 (the first frame shown at or after
-    each time, less half a nominal frame; ``timestamp`` is that frame's own presentation time).  With ``num_frames``, that many frames evenly spaced
-    from the first to the last frame (fewer if the clip is shorter).  If more than ``max_frames``
-    would be taken, the plan is thinned evenly to ``max_frames`` (first and last kept) and a
-    warning is recorded.  Frames are RGB, upright, and resized (aspect kept, never enlarged) so the
-    longer side is at most ``max_side``.
+    each time, less half a nominal frame; ``timestamp`` is that frame's own presentation time).  With
+    ``num_frames``, that many frames evenly spaced from the first to the last frame (fewer if the clip
+    is shorter).  If more than ``max_frames`` would be taken, the plan is thinned evenly to
+    ``max_frames`` (first and last kept) and a warning is recorded.  Frames are RGB, upright, and
+    resized (aspect kept, never enlarged) so the longer side is at most ``max_side``.
 
     With ``frames_per_state`` K > 1 (interval sampling only) each sampled item is a *state strip*:
     the K frames ``state_offsets`` picks from ``[t, t + interval)``, each resized as above and
@@ -146,30 +146,42 @@ def sample_frames(
     broken = ended and pts < stream_end - max(interval, 1.0)
     if broken and decoded:
         decoded = {t: f for t, f in decoded.items() if f[1] < pts}  # the frame before a break may be cut short
+    frames = _assemble(plan, offsets, decoded, info.fps)
+    if not frames:
+        raise VideoError(
+            f"No frame of {path} could be decoded (it claims {info.duration:.2f}s, {info.frame_count} frames)"
+        )
+    if len(frames) < len(plan):
+        warnings.append(_shortfall(path, pts, info, len(frames), len(plan), broken))
+    for message in warnings:
+        logger.warning(message)
+    return SampledClip(frames, info, warnings)
+
+
+def _assemble(plan: list[float], offsets: list[float], decoded: dict, fps: float) -> list[SampledFrame]:
+    """The sampled frames (or strips: the frames at each start + offset, tiled left to right) up to the first gap."""
     frames = []
     for start in plan:
         parts = [decoded.get(_key(start + offset)) for offset in offsets]
         if None in parts:
             break
         image = np.concatenate([part[0] for part in parts], axis=1)
-        frames.append(SampledFrame(image, parts[0][1], round(parts[0][1] * info.fps)))
-    if not frames:
-        raise VideoError(
-            f"No frame of {path} could be decoded (it claims {info.duration:.2f}s, {info.frame_count} frames)"
+        frames.append(SampledFrame(image, parts[0][1], round(parts[0][1] * fps)))
+    return frames
+
+
+def _shortfall(path: Path, pts: float, info: VideoInfo, got: int, planned: int, broken: bool) -> str:
+    """The warning for a clip that gave fewer frames than planned: broken part-way, or a stream shorter than its
+    container."""
+    if broken:
+        return (
+            f"{path.name}: decoding stopped at {pts:.2f}s of {info.duration:.2f}s; returning {got} of "
+            f"{planned} planned frames. The file is probably truncated or corrupt."
         )
-    if len(frames) < len(plan) and broken:
-        warnings.append(
-            f"{path.name}: decoding stopped at {pts:.2f}s of {info.duration:.2f}s; returning {len(frames)} of "
-            f"{len(plan)} planned frames. The file is probably truncated or corrupt."
-        )
-    elif len(frames) < len(plan):
-        warnings.append(
-            f"{path.name}: the video stream ends at {pts:.2f}s, before the {info.duration:.2f}s the container declares "
-            f"(a longer audio track, or rounding); returning the {len(frames)} of {len(plan)} planned frames it holds"
-        )
-    for message in warnings:
-        logger.warning(message)
-    return SampledClip(frames, info, warnings)
+    return (
+        f"{path.name}: the video stream ends at {pts:.2f}s, before the {info.duration:.2f}s the container declares "
+        f"(a longer audio track, or rounding); returning the {got} of {planned} planned frames it holds"
+    )
 
 
 def _key(seconds: float) -> float:
