@@ -190,7 +190,8 @@ def make_tiny_predictor(
     """Save a randomly initialised ``FourTensorModel`` (default: the CPU-sized preset, d_x 16, d_t 8,
     4 heads, 2 layers) with a vocabulary built from ``sentences``, in the checkpoint layout
     ``load_model`` / ``Vocabulary.load`` read."""
-    from world_model.models.four_tensor import FourTensorConfig, FourTensorModel
+    from world_model.models.four_tensor import FourTensorModel
+    from world_model.models.four_tensor_config import FourTensorConfig
     from world_model.text.vocab import Vocabulary
 
     vocab = Vocabulary.build(sentences)

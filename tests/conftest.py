@@ -31,7 +31,8 @@ def parts(tmp_path_factory):
     import torch
 
     from tests.model_factories import make_tiny_blip, make_tiny_sd, one_torch_thread, write_test_clip
-    from world_model.models.four_tensor import FourTensorConfig, FourTensorModel
+    from world_model.models.four_tensor import FourTensorModel
+    from world_model.models.four_tensor_config import FourTensorConfig
     from world_model.text.vocab import Vocabulary
 
     root = tmp_path_factory.mktemp("models")

@@ -4,14 +4,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from world_model.models.attention_family import (
-    AttentionConfig,
-    BitLinear,
-    FamilyAttention,
-    ternary,
-    tucker_from_grouped,
-    tucker_from_mla,
-)
+from world_model.models.attention_config import AttentionConfig
+from world_model.models.attention_conversions import tucker_from_grouped, tucker_from_mla
+from world_model.models.attention_family import FamilyAttention
+from world_model.models.attention_projections import BitLinear, ternary
 
 D, H, DH = 32, 4, 8  # d_model = n_H d_H, as Table 1 assumes
 

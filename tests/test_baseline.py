@@ -7,8 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from world_model.models.baseline import BaselineConfig, BaselineModel, aligned_correct, compact
-from world_model.models.four_tensor import FourTensorConfig, FourTensorModel
+from world_model.models.baseline import BaselineModel, aligned_correct, compact
+from world_model.models.baseline_config import BaselineConfig
+from world_model.models.four_tensor import FourTensorModel
+from world_model.models.four_tensor_config import FourTensorConfig
 from world_model.text.vocab import Vocabulary
 
 V = 13  # content vocabulary, padding 0 and unknown 1 included

@@ -23,7 +23,8 @@ from apps.demo.checks import EMPTY_MESSAGE, READY_MESSAGE, format_duration, on_c
 from apps.demo.config import DemoConfig
 from apps.demo.run import handle_run
 from tests.model_factories import make_tiny_blip, make_tiny_sd, write_test_clip
-from world_model.models.four_tensor import FourTensorConfig, FourTensorModel
+from world_model.models.four_tensor import FourTensorModel
+from world_model.models.four_tensor_config import FourTensorConfig
 from world_model.text.vocab import Vocabulary
 
 CHROMIUM = "/usr/bin/chromium"

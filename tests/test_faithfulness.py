@@ -8,7 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from world_model.models.four_tensor import FourTensorConfig, FourTensorModel, sinusoidal_embedding
+from world_model.models.four_tensor import FourTensorModel
+from world_model.models.four_tensor_config import FourTensorConfig
+from world_model.models.four_tensor_layers import sinusoidal_embedding
 
 V = 23
 

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from tests.test_faithfulness import V, make_model, make_window
 from world_model.models.checkpoint import CheckpointError
-from world_model.models.four_tensor import FourTensorConfig, FourTensorModel
+from world_model.models.four_tensor import FourTensorModel
+from world_model.models.four_tensor_config import FourTensorConfig
 
 END = 7  # plays the role of "." in these tests
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from tests.test_faithfulness import OpRecorder, make_model, make_window
-from world_model.models.four_tensor import FourTensorConfig, FourTensorModel, tucker_from_dense
+from world_model.models.four_tensor import FourTensorModel, tucker_from_dense
+from world_model.models.four_tensor_config import FourTensorConfig
 
 TUCKER = ("core", "factor_m", "factor_p", "factor_n", "factor_q")
 

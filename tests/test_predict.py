@@ -6,7 +6,8 @@ import torch
 
 from world_model.generation.predict import main, predict
 from world_model.models.decoding import write_known_sentences
-from world_model.models.four_tensor import FourTensorConfig, FourTensorModel
+from world_model.models.four_tensor import FourTensorModel
+from world_model.models.four_tensor_config import FourTensorConfig
 from world_model.text.vocab import Vocabulary
 
 

@@ -22,7 +22,8 @@ from world_model.generation.sentence_bank import (
     save_bank,
 )
 from world_model.models.decoding import slot_log_likelihood, write_known_sentences
-from world_model.models.four_tensor import FourTensorConfig, FourTensorModel
+from world_model.models.four_tensor import FourTensorModel
+from world_model.models.four_tensor_config import FourTensorConfig
 from world_model.text.vocab import Vocabulary
 
 STORY = [

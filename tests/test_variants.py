@@ -7,7 +7,8 @@ import torch.nn.functional as F
 
 from tests.test_faithfulness import V, make_model, make_window
 from tests.test_four_tensor import assert_same_training_step, with_attention
-from world_model.models.four_tensor import CopyPath, temporal_causal_bias
+from world_model.models.copy_path import CopyPath
+from world_model.models.four_tensor_layers import temporal_causal_bias
 from world_model.models.kernels import linear_cross_entropy, linear_mixture_cross_entropy
 
 

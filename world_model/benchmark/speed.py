@@ -28,7 +28,8 @@ import torch
 import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
-from world_model.models.four_tensor import FourTensorConfig, FourTensorModel
+from world_model.models.four_tensor import FourTensorModel
+from world_model.models.four_tensor_config import FourTensorConfig
 from world_model.models.precision import PRECISIONS, autocast
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "world_model" / "cpu.yaml"

@@ -33,152 +33,27 @@ family of the Tucker Attention paper (`world_model.models.attention_family`): "m
 projections. The default (mha, no bitlinear) keeps the original `CausalSelfAttention` (one stacked W_qkv),
 so its parameter names, count and old checkpoints are unchanged; every other choice puts a causal
 `FamilyAttention` (head width d / H, no attention dropout) in its place, with that kind's KV cache.
+
+Layout: `baseline_config` (BaselineConfig), this module (packing, blocks, the model and its objective),
+`kv_cache` (prefill, extension, the free-running loop), `baseline_generation` (closed-set scoring, generation).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from world_model.models.attention_family import KINDS as ATTENTION_KINDS
-from world_model.models.attention_family import AttentionConfig, FamilyAttention
+from world_model.models.attention_family import FamilyAttention
+from world_model.models.baseline_config import BaselineConfig
+from world_model.models.baseline_generation import BaselineGeneration
 from world_model.models.checkpoint import PretrainedMixin
-from world_model.models.decoding import check_candidates, choose_candidates
-from world_model.models.four_tensor import StepStats, sinusoidal_embedding
+from world_model.models.four_tensor import StepStats
+from world_model.models.four_tensor_layers import sinusoidal_embedding
 from world_model.models.inputs import INT_DTYPES, check_example, check_window
-
-
-@dataclass
-class BaselineConfig:
-    """Hyper-parameters of the flat baseline (defaults: the CPU-sized preset of the 4-tensor model)."""
-
-    content_vocab_size: int  # the 4-tensor vocabulary, padding and unknown word included
-    d_x: int = 16
-    d_t: int = 8
-    n_heads: int = 4  # split d: head width d / n_heads
-    n_layers: int = 2
-    n_tokens: int = 16  # N, token slots per stored sentence
-    n_states: int = 4  # T, sentences in the input window
-    dropout: float = 0.1
-    padding_idx: int = 0
-    positions: str = "sinusoidal"  # "sinusoidal" (parameter-free) or "learned" (absolute table)
-    # Attention kind from the family (see the module docstring); the defaults are the original model.
-    attention: str = "mha"  # "mha" | "gqa" | "mla" | "tucker"
-    n_kv_heads: int | None = None  # gqa only: key/value heads n_KV dividing n_heads (1 = MQA)
-    mla_kv_rank: int | None = None  # mla only: latent width d_c of keys/values (required)
-    mla_q_rank: int | None = None  # mla only: query latent d_c^Q; None = full-rank query map
-    mla_shared_kv: bool = False  # mla only: one latent c_KV for keys and values
-    tucker_ranks: tuple[int, int, int] | None = None  # tucker only: (r_1, r_2, r_3) of W (required)
-    tucker_ranks_out: tuple[int, int, int] | None = None  # tucker only: (r~_1, r~_2, r~_3) of W~; None = tucker_ranks
-    bitlinear: bool = False  # ternary BitLinear attention projections (always a FamilyAttention)
-
-    def __post_init__(self) -> None:
-        for name in ("content_vocab_size", "d_x", "d_t", "n_heads", "n_layers", "n_tokens", "n_states"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"BaselineConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if not 0 <= self.padding_idx < self.content_vocab_size:
-            raise ValueError(
-                f"padding_idx {self.padding_idx} is outside the content vocabulary of size {self.content_vocab_size}"
-            )
-        if self.d % self.n_heads:
-            raise ValueError(f"n_heads {self.n_heads} must divide the width d = d_x * d_t = {self.d}")
-        if not 0.0 <= self.dropout <= 1.0:
-            raise ValueError(f"dropout must lie in [0, 1], got {self.dropout}")
-        if self.positions not in ("sinusoidal", "learned"):
-            raise ValueError(f"positions must be 'sinusoidal' or 'learned', got {self.positions!r}")
-        self._check_attention()
-
-    def _check_attention(self) -> None:
-        if self.attention not in ATTENTION_KINDS:
-            raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
-        for name in ("tucker_ranks", "tucker_ranks_out"):  # JSON gives lists: store tuples, so configs compare equal
-            value = getattr(self, name)
-            if value is not None:
-                if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
-                    raise ValueError(f"{name} must be three positive ints, got {value!r}")
-                setattr(self, name, tuple(int(r) for r in value))
-        only = {
-            "n_kv_heads": ("gqa", self.n_kv_heads is not None),
-            "mla_kv_rank": ("mla", self.mla_kv_rank is not None),
-            "mla_q_rank": ("mla", self.mla_q_rank is not None),
-            "mla_shared_kv": ("mla", bool(self.mla_shared_kv)),
-            "tucker_ranks": ("tucker", self.tucker_ranks is not None),
-            "tucker_ranks_out": ("tucker", self.tucker_ranks_out is not None),
-        }
-        for name, (kind, is_set) in only.items():
-            if is_set and self.attention != kind:
-                raise ValueError(f"{name} applies only to attention={kind!r}, not attention={self.attention!r}")
-        try:
-            self.attention_config()
-        except ValueError as err:
-            raise ValueError(f"attention={self.attention!r}: {err}") from err
-
-    @property
-    def uses_family_attention(self) -> bool:
-        """False only for the default (mha, no bitlinear), which keeps the original CausalSelfAttention."""
-        return self.attention != "mha" or self.bitlinear
-
-    def attention_config(self) -> AttentionConfig:
-        """The causal family layer of each block (head width d / n_heads, no attention dropout)."""
-        return AttentionConfig(
-            d_model=self.d,
-            n_heads=self.n_heads,
-            kind=self.attention,
-            n_kv_heads=self.n_kv_heads,
-            mla_q_rank=self.mla_q_rank,
-            mla_kv_rank=self.mla_kv_rank,
-            mla_shared_kv=self.mla_shared_kv,
-            tucker_ranks=self.tucker_ranks,
-            tucker_ranks_out=self.tucker_ranks_out,
-            causal=True,
-            bitlinear=self.bitlinear,
-            dropout=0.0,
-        )
-
-    @classmethod
-    def from_vocabulary(cls, vocab_size: int, **hyper) -> "BaselineConfig":
-        """The config for a content vocabulary of `vocab_size` ids; [BOS] and [EOS] are added after it."""
-        return cls(content_vocab_size=vocab_size, **hyper)
-
-    @property
-    def d(self) -> int:
-        """Model width, the joint fiber product d_x * d_t (section 7.3)."""
-        return self.d_x * self.d_t
-
-    @property
-    def d_ff(self) -> int:
-        return 4 * self.d
-
-    @property
-    def bos_id(self) -> int:
-        return self.content_vocab_size
-
-    @property
-    def eos_id(self) -> int:
-        return self.content_vocab_size + 1
-
-    @property
-    def vocab_size(self) -> int:
-        """Content vocabulary plus [BOS] and [EOS], appended after it (the padding id is not reused)."""
-        return self.content_vocab_size + 2
-
-    @property
-    def max_len(self) -> int:
-        """Longest sequence: packed prefix 1 + T*N, then at most N content tokens and [EOS]."""
-        return 1 + self.n_states * self.n_tokens + self.n_tokens + 1
-
-    def to_dict(self) -> dict:
-        return {"model_type": "baseline", **asdict(self)}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "BaselineConfig":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 class Packed(NamedTuple):
@@ -226,32 +101,6 @@ def aligned_correct(tokens: torch.Tensor, gold: torch.Tensor, content: torch.Ten
     is_eos = tokens == eos_id
     eos_before = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0
     return (tokens == gold) & content & ~eos_before
-
-
-class KVCache:
-    """The cached per-token quantities of every layer for right-padded prefixes plus the tokens fed after them.
-
-    Per layer this is (K, V) (B, H, Lk, d / H) for the default attention, else the family layer's cache,
-    a tuple of (B, Lk, c_k) tensors (K and V for mha/gqa, the latents for mla, k~ and v~ for tucker).
-
-    The prefix block keeps its padding columns (masked by `live`); tokens fed later are appended as
-    new columns for every row at once, so each row's sequence is prefix[:len] + fed tokens, with positions
-    continuing from its own prefix length.
-    """
-
-    def __init__(self, kv: list[tuple[torch.Tensor, torch.Tensor]], live: torch.Tensor, next_pos: torch.Tensor):
-        self.kv = kv  # per layer: the attention's cache tuple (see above)
-        self.live = live  # (B, Lk) True at real keys
-        self.next_pos = next_pos  # (B,) position of the next token fed
-
-    def select(self, rows: torch.Tensor) -> "KVCache":
-        """A new cache of the given rows (R,) of this one (repeats allowed), e.g. one copy per candidate."""
-        kv = [tuple(t[rows] for t in layer) for layer in self.kv]  # every cached tensor is batch-first
-        return KVCache(kv, self.live[rows], self.next_pos[rows])
-
-
-def greedy(logits: torch.Tensor) -> torch.Tensor:
-    return logits.argmax(dim=-1)
 
 
 class CausalSelfAttention(nn.Module):
@@ -322,7 +171,7 @@ class Block(nn.Module):
         return x + self.dropout(self.fc2(F.gelu(self.fc1(self.ln_mlp(x))))), kv
 
 
-class BaselineModel(PretrainedMixin, nn.Module):
+class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):
     """The free-running 1-D baseline: packed token strings (B, L) -> next-token logits (B, L, V)."""
 
     config_class = BaselineConfig
@@ -394,11 +243,15 @@ class BaselineModel(PretrainedMixin, nn.Module):
 
     def pack(self, token_ids_full: torch.Tensor) -> Packed:
         """A stored window (B, T+1, N) -> prefix from S(0..T-1) and gold S(T) + [EOS]."""
-        c = self.config
         prefix, prefix_len = self.pack_prefix(token_ids_full[:, :-1])
-        last = token_ids_full[:, -1].long()  # (B, N)
-        gold, gold_len = compact(last, last != c.padding_idx, c.padding_idx, tail=c.eos_id)
+        gold, gold_len = self.pack_target(token_ids_full[:, -1])
         return Packed(prefix, prefix_len, gold, gold_len)
+
+    def pack_target(self, sentences: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sentences (R, N) -> their non-padding ids then [EOS] (R, G), right-padded, and lengths (R,)."""
+        c = self.config
+        sentences = sentences.long()
+        return compact(sentences, sentences != c.padding_idx, c.padding_idx, tail=c.eos_id)
 
     # ----- forward pass -----
     def position_code(self, pos: torch.Tensor) -> torch.Tensor:
@@ -426,89 +279,6 @@ class BaselineModel(PretrainedMixin, nn.Module):
         idx = H.shape[1] - 1 if lengths is None else lengths.long() - 1
         H_last = H[torch.arange(H.shape[0], device=H.device), idx]  # (B, d)
         return F.linear(H_last, self.E.weight)  # the tied readout of one vector
-
-    # ----- KV cache -----
-    def prefill(self, prefix: torch.Tensor, prefix_len: torch.Tensor) -> tuple[torch.Tensor, KVCache]:
-        """Right-padded prefixes (B, Lp) -> logits (B, V) at their last live position, and the cache."""
-        self.check_sequence(prefix, prefix_len)
-        prefix, prefix_len = prefix.long(), prefix_len.long()
-        Lp = prefix.shape[1]
-        x = self.E(prefix) + self.position_code(torch.arange(Lp, device=prefix.device))
-        kv = []
-        for block in self.blocks:
-            x, layer_kv = block(x)
-            kv.append(layer_kv)
-        rows = torch.arange(prefix.shape[0], device=prefix.device)
-        h = self.final_norm(x[rows, prefix_len - 1])  # (B, d)
-        live = torch.arange(Lp, device=prefix.device)[None, :] < prefix_len[:, None]  # (B, Lp)
-        return F.linear(h, self.E.weight), KVCache(kv, live, prefix_len.clone())
-
-    def extend(self, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed one token per row (B,) at each row's next position -> its logits (B, V); grows `cache`."""
-        return self.extend_many(cache, tokens[:, None])[:, 0]
-
-    def extend_many(self, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed K tokens per row (B, K) at each row's next K positions in one causal pass -> their logits
-        (B, K, V), logits[:, k] predicting the token after tokens[:, k]; grows `cache` by K columns.
-
-        Token k of a row sees the row's live cached keys and its own tokens 0..k, exactly as K calls of
-        `extend` would, at positions next_pos .. next_pos + K - 1.
-        """
-        B, K = tokens.shape
-        if int(cache.next_pos.max()) + K > self.config.max_len:
-            raise ValueError(f"the sequence would pass max_len = {self.config.max_len}")
-        steps = torch.arange(K, device=tokens.device)
-        x = self.E(tokens.long()) + self.position_code(cache.next_pos[:, None] + steps)  # (B, K, d)
-        causal = steps[:, None] >= steps[None, :]  # (K, K) token k sees tokens 0..k
-        mask = torch.cat(
-            [
-                cache.live[:, None, None, :].expand(B, 1, K, -1),  # (B, 1, K, Lk + K)
-                causal.expand(B, 1, K, K),
-            ],
-            dim=-1,
-        )
-        for i, block in enumerate(self.blocks):
-            x, cache.kv[i] = block(x, cache.kv[i], mask)
-        cache.live = torch.cat([cache.live, cache.live.new_ones(B, K)], dim=1)
-        cache.next_pos = cache.next_pos + K
-        return F.linear(self.final_norm(x), self.E.weight)
-
-    def decode(
-        self,
-        prefix: torch.Tensor,
-        prefix_len: torch.Tensor,
-        steps: int,
-        pick: Callable[[torch.Tensor], torch.Tensor] = greedy,
-        done: Callable[[torch.Tensor], bool] | None = None,
-        use_cache: bool = True,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Free-running loop from right-padded prefixes: logits (B, K, V) and appended tokens (B, K), K <= steps.
-
-        At step k the logits of each row's last live position choose a token (`pick`, argmax by default),
-        which is appended, detached, before step k + 1. Every row advances; callers mask rows they are done
-        with. `done(tokens so far)` ends the loop early. Without the cache, each step reruns the full
-        causal forward on the grown ids: the same function, for tests.
-        """
-        if use_cache:
-            logits, cache = self.prefill(prefix, prefix_len)
-        else:
-            ids = torch.cat([prefix.long(), prefix.new_full((prefix.shape[0], steps), self.config.padding_idx)], dim=1)
-            lengths = prefix_len.long().clone()
-            logits = self.forward_last(ids[:, : int(lengths.max())], lengths)
-        rows = torch.arange(prefix.shape[0], device=prefix.device)
-        all_logits, tokens = [], []
-        for k in range(steps):
-            all_logits.append(logits)
-            tokens.append(pick(logits).detach())  # the discrete choice passes no gradient
-            if k + 1 == steps or (done is not None and done(torch.stack(tokens, dim=1))):
-                break
-            if use_cache:
-                logits = self.extend(cache, tokens[-1])
-            else:
-                ids = ids.index_put((rows, lengths), tokens[-1])  # out of place: autograd saved the old ids
-                lengths = lengths + 1
-                logits = self.forward_last(ids[:, : int(lengths.max())], lengths)
-        return torch.stack(all_logits, dim=1), torch.stack(tokens, dim=1)
 
     # ----- the free-running objective (section 7.4) -----
     def check_full_window(self, token_ids_full: torch.Tensor) -> None:
@@ -545,176 +315,3 @@ class BaselineModel(PretrainedMixin, nn.Module):
             last_correct=aligned_correct(run.tokens, gold, content, self.config.eos_id).sum(),
             last_tokens=content.sum(),
         )
-
-    # ----- closed-set scoring -----
-    def score_sentences(
-        self, token_ids: torch.Tensor, candidates: torch.Tensor, chunk_rows: int | None = None
-    ) -> torch.Tensor:
-        """Teacher-forced log-likelihood of each candidate as the next sentence: window (B, T', N) with
-        1 <= T' <= T, candidates (C, N) shared by every window or (B, C, N), window b's own -> scores (B, C).
-
-        scores[b, c] = sum_k log softmax(logits)[gold_k] over the candidate's span exactly as `pack` builds a
-        training target: its non-padding ids in order, then [EOS]. Training (`pack`, `training_step`) puts
-        [EOS] after the last content token of every target S(T) and scores it, so [EOS] is what terminates a
-        sentence here too (`end_ids` of `generate` are a decoding option, never a training target). The
-        conditioning sequence is what the model reads in training with the candidate as S(T): `pack_prefix`
-        of the window ([BOS] + its non-padding ids), then the candidate's earlier gold tokens, positions from
-        0 and log-probabilities over the whole output table (V = content vocabulary + 2).
-
-        `candidates` must pass `check_candidates` (C >= 1 rows of width N, ids in the content vocabulary
-        [0, content_vocab_size), at least one non-padding id per row); the window is checked as in
-        `generate`. Padding inside a row is removed as `pack` removes it.
-
-        How it computes: the prefix is the same for every candidate, so each window's prefix runs through the
-        causal stack once (`prefill`, which also gives the log-probability of each candidate's first token),
-        and only the candidates' tokens run after it: the prefix cache is copied to one row per (window,
-        candidate) pair (`KVCache.select`) and each candidate's span but its final [EOS] is fed in one causal
-        multi-token pass (`extend_many`), its token k at position prefix_len + k, seeing the live prefix and
-        its own tokens 0..k, exactly the sequence [BOS] + window + candidate + [EOS] of teacher forcing.
-        Windows are prefilled in groups of max(1, chunk_rows // C) and their (window, candidate) rows run
-        `chunk_rows` at a time (default: sized to about 2^25 activations per chunk), so memory stays bounded
-        under torch.no_grad(); with autograd on, the result is differentiable.
-        """
-        c = self.config
-        self.check_window(token_ids)
-        if not isinstance(candidates, torch.Tensor):
-            raise ValueError(
-                f"candidates must be a (C, N={c.n_tokens}) tensor of token ids, got {type(candidates).__name__}"
-            )
-        per_window = candidates.dim() == 3
-        if per_window and candidates.shape[0] != token_ids.shape[0]:
-            raise ValueError(
-                f"per-window candidates (B, C, N) need B = {token_ids.shape[0]} windows, got shape {tuple(candidates.shape)}"
-            )
-        C = candidates.shape[-2] if candidates.dim() >= 2 else 0
-        check_candidates(
-            candidates.flatten(0, 1) if per_window else candidates, c.n_tokens, c.padding_idx, c.content_vocab_size
-        )
-        device = token_ids.device
-        cand = candidates.flatten(0, 1).to(device).long() if per_window else candidates.to(device).long()
-        prefix, prefix_len = self.pack_prefix(token_ids)  # (B, Lp), (B,)
-        gold, gold_len = compact(
-            cand, cand != c.padding_idx, c.padding_idx, tail=c.eos_id
-        )  # (C or B * C, G) and lengths
-        B, G = prefix.shape[0], gold.shape[1]  # G >= 2: one content id, then [EOS]
-        gold_live = torch.arange(G, device=device)[None, :] < gold_len[:, None]
-        fed, targets, later_live = gold[:, :-1], gold[:, 1:], gold_live[:, 1:]  # (C, G - 1) each
-        L = prefix.shape[1] + G  # longest packed sequence, prefix + span, <= max_len
-        if chunk_rows is None:  # per (window, candidate) row: the span's MLP and readout, its copy of the cache
-            chunk_rows = max(1, (1 << 25) // (G * (c.d_ff + c.vocab_size) + 4 * L * c.d))
-        if chunk_rows < 1:
-            raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
-        group = max(1, chunk_rows // C)  # windows prefilled together; their B_w * C rows then run in chunks
-        scores = []
-        for w0 in range(0, B, group):
-            lens = prefix_len[w0 : w0 + group]  # (B_w,)
-            logits, cache = self.prefill(prefix[w0 : w0 + group, : int(lens.max())], lens)  # each prefix once
-            Bw, rest = logits.shape[0], []
-            rows = torch.arange(Bw * C, device=device)  # (window, candidate) row b * C + c of this group
-            gold_row = rows + w0 * C if per_window else rows % C  # its candidate's row of `gold`
-            first = logits.log_softmax(dim=-1).gather(
-                1, gold[gold_row, 0].view(Bw, C)
-            )  # (B_w, C) log p(first gold token | prefix)
-            for start in range(0, Bw * C, chunk_rows):
-                flat = rows[start : start + chunk_rows]  # (R,)
-                b, k = flat // C, gold_row[flat]
-                log_probs = self.extend_many(cache.select(b), fed[k]).log_softmax(dim=-1)  # (R, G - 1, V)
-                picked = log_probs.gather(-1, targets[k][..., None])[..., 0]  # (R, G - 1)
-                rest.append(torch.where(later_live[k], picked, picked.new_zeros(())).sum(dim=1))
-            scores.append(first + torch.cat(rest).view(Bw, C))
-        return torch.cat(scores)
-
-    # ----- generation -----
-    def picker(
-        self,
-        banned_ids=(),
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        generator: torch.Generator | None = None,
-    ) -> Callable[[torch.Tensor], torch.Tensor]:
-        """Token choice on logits (B, V): greedy argmax at temperature 0 (the free-running objective's rule),
-        else a sample from softmax(logits / temperature), within the top_k ids if given. `banned_ids` are
-        never chosen."""
-        if not banned_ids and temperature <= 0:
-            return greedy
-
-        def pick(logits: torch.Tensor) -> torch.Tensor:
-            logits = logits.float().clone()
-            if banned_ids:
-                logits[:, list(banned_ids)] = float("-inf")
-            if temperature <= 0:
-                return logits.argmax(dim=-1)
-            logits = logits / temperature
-            if top_k is not None:
-                kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)[:, 0]
-
-        return pick
-
-    @torch.no_grad()
-    def generate(
-        self,
-        token_ids: torch.Tensor,
-        end_ids: list[int] | tuple[int, ...] = (),
-        banned_ids: list[int] | tuple[int, ...] = (),
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        generator: torch.Generator | None = None,
-        use_cache: bool = True,
-        candidates: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """The next sentence from the prefix alone: window (B, T', N) -> content ids (B, N), right-padded.
-
-        A row stops at [EOS] (not stored), after N content tokens, or after storing one of `end_ids`.
-        Greedy decoding takes the argmax over the whole table, as the free-running objective does, so its
-        accuracy against gold S(T) is `last_correct` of `training_step`; pass `banned_ids` to exclude ids
-        such as padding or [BOS] (which `rollout` bans, to keep its windows in the content vocabulary).
-
-        Closed-set readout. With `candidates` (C, N), the known sentences (`world_model.models.decoding`), each row
-        returns one candidate row as given: the one of highest `score_sentences` log-likelihood at temperature
-        0, else a sample from softmax(score / temperature) (top_k then counts candidates; `generator` makes it
-        reproducible). `end_ids`, `banned_ids` and `use_cache` do not apply then: no token is chosen freely.
-        """
-        c = self.config
-        if candidates is not None:
-            scores = self.score_sentences(token_ids, candidates)  # (B, C); checks both inputs
-            candidates = candidates.to(token_ids.device).long()
-            return choose_candidates(scores, candidates, temperature, top_k, generator)
-        self.check_window(token_ids)
-        prefix, prefix_len = self.pack_prefix(token_ids)
-        stop_ids = torch.tensor([c.eos_id, *end_ids], device=token_ids.device)
-        _, tokens = self.decode(  # (B, K), K <= N
-            prefix,
-            prefix_len,
-            c.n_tokens,
-            self.picker(banned_ids, temperature, top_k, generator),
-            done=lambda t: bool(torch.isin(t, stop_ids).any(dim=1).all()),
-            use_cache=use_cache,
-        )
-        is_stop = torch.isin(tokens, stop_ids).long()
-        stopped_before = (is_stop.cumsum(dim=1) - is_stop) > 0
-        out = tokens.masked_fill(stopped_before | (tokens == c.eos_id), c.padding_idx)
-        return F.pad(out, (0, c.n_tokens - out.shape[1]), value=c.padding_idx)
-
-    @torch.no_grad()
-    def rollout(self, token_ids: torch.Tensor, steps: int, **decoding) -> torch.Tensor:
-        """Predict `steps` future sentences from a window (B, T', N) -> (B, steps, N).
-
-        Each prediction is appended to the window, which keeps its last T sentences and is packed again;
-        `decoding` goes to `generate`, with padding and [BOS] added to the banned ids: neither is content,
-        and a padding id inside a predicted state would read as a gap in the next window. With
-        `candidates=` (C, N) every predicted state is one of its rows (closed-set readout, see `generate`;
-        the banned ids are then unused).
-        """
-        if steps < 1:
-            raise ValueError(f"steps must be >= 1, got {steps}")
-        self.check_window(token_ids)
-        c = self.config
-        decoding["banned_ids"] = (*decoding.get("banned_ids", ()), c.padding_idx, c.bos_id)
-        window, predicted = token_ids.long(), []
-        for _ in range(steps):
-            state = self.generate(window, **decoding)
-            predicted.append(state)
-            window = torch.cat([window, state[:, None]], dim=1)[:, -self.config.n_states :]
-        return torch.stack(predicted, dim=1)

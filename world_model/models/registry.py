@@ -14,10 +14,12 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from world_model.models.baseline import BaselineConfig, BaselineModel
+from world_model.models.baseline import BaselineModel
+from world_model.models.baseline_config import BaselineConfig
 from world_model.models.checkpoint import CheckpointError, read_config_dict, resolve_folder
 from world_model.models.decoding import load_known_sentences
-from world_model.models.four_tensor import FourTensorConfig, FourTensorModel
+from world_model.models.four_tensor import FourTensorModel
+from world_model.models.four_tensor_config import FourTensorConfig
 from world_model.text.vocab import Vocabulary
 
 MODEL_TYPES: dict[str, tuple[type, type]] = {
