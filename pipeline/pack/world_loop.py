@@ -106,22 +106,11 @@ def run_loop(
         if name in predictions
     }
 
-    loop_predictions = [s for p in predictions["four_tensor"]["captions"] for s in p]
-    with timed(timings, "render"):
-        renders = render_all(renderer, flat_truths + loop_predictions, seed, "rendering sentences", progress)
-    with timed(timings, "caption_renders"):
-        recaptions = dict(
-            zip(renders, captioner(list(renders.values()), progress="captioning renders" if progress else None))
-        )
-    trip = {
-        "true_sentences": round_trip(recaptions, flat_truths, flat_kinds),
-        "predicted_sentences": round_trip(recaptions, loop_predictions, [k for k in kinds for _ in range(steps)]),
-    }
-
+    loop = predictions["four_tensor"]["captions"]
+    renders, recaptions, trip = round_trips(captioner, renderer, truths, loop, kinds, seed, timings, progress)
     shown = storyboard_rows(records, storyboard_episodes)
     if shown:
         with timed(timings, "storyboard"):
-            loop = predictions["four_tensor"]["captions"]
             rows = [
                 (
                     records[i],
@@ -153,6 +142,33 @@ def run_loop(
         "storyboard": [records[i]["id"] for i in shown],
         "episodes": episode_records(records, captions, truths, episode_ceilings, predictions, recaptions),
     }
+
+
+def round_trips(
+    captioner,
+    renderer,
+    truths: list[list[str]],
+    loop: list[list[str]],
+    kinds: list[str],
+    seed: int,
+    timings: dict,
+    progress: bool,
+) -> tuple[dict, dict, dict]:
+    """Render every true and every full-loop predicted sentence once (`seed`) and caption the renders back.
+
+    Returns ({sentence: (H, W, 3) render}, {sentence: caption of its render}, the round-trip scores)."""
+    flat_truths = [s for t in truths for s in t]
+    flat_loop = [s for p in loop for s in p]
+    with timed(timings, "render"):
+        renders = render_all(renderer, flat_truths + flat_loop, seed, "rendering sentences", progress)
+    with timed(timings, "caption_renders"):
+        backs = captioner(list(renders.values()), progress="captioning renders" if progress else None)
+    recaptions = dict(zip(renders, backs))
+    trip = {
+        "true_sentences": round_trip(recaptions, flat_truths, [k for k, t in zip(kinds, truths) for _ in t]),
+        "predicted_sentences": round_trip(recaptions, flat_loop, [k for k, p in zip(kinds, loop) for _ in p]),
+    }
+    return renders, recaptions, trip
 
 
 def load_pack(parts: Pack, device: str) -> tuple[HFCaptioner, DiffusersRenderer, dict]:
