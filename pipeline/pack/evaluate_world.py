@@ -12,7 +12,7 @@ renderer -> captioner again. Scores, next to what is attainable:
 * next-state accuracy ``k`` seconds ahead (k = 1..steps) of the 4-tensor predictor (PACK/predictor), the
   flat baseline (PACK/baseline) and copy-the-last-state, each from the captions (the full loop) and from
   the true sentences (oracle context), beside the exact k-step ceiling of the simulator
-  (``world_model.data.synthetic.world.k_step_ceilings``) and as a fraction of it. A predictor folder with
+  (``world_model.data.synthetic.ceilings.k_step_ceilings``) and as a fraction of it. A predictor folder with
   known_sentences.txt predicts with the closed-set readout (``world_model.models.decoding``), as the pipeline
   does; its own token readout is then scored beside it;
 * round trip: the fraction of rendered strips captioned back to exactly the sentence they were
@@ -52,6 +52,8 @@ from pipeline.presets import PresetError, load_preset, resolve_model_path
 from pipeline.rollout import RolloutError, pick_device, prepare_run_dir
 from renderers.text_to_image import DiffusersRenderer
 from world_model.data.rocstories import DataError
+from world_model.data.synthetic.ceilings import k_step_ceilings
+from world_model.data.synthetic.scenes import SCENE_TYPES
 from world_model.data.synthetic.sentences import (
     copy_last_predictions,
     episode_sentences,
@@ -60,7 +62,6 @@ from world_model.data.synthetic.sentences import (
     rounded,
     score_predictions,
 )
-from world_model.data.synthetic.world import SCENE_TYPES, k_step_ceilings
 from world_model.models.checkpoint import CheckpointError
 from world_model.models.decoding import readout_name
 from world_model.models.registry import load_predictor
