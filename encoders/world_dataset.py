@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from encoders.frames import sample_frames
 from world_model.data.synthetic.sentences import read_records
-from world_model.data.synthetic.world import STATE_FRAMES, STRIP_SIZE
+from world_model.data.synthetic.simulation import STATE_FRAMES, STRIP_SIZE
 
 
 @dataclass

@@ -37,7 +37,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils.torch_utils import randn_tensor
 from transformers import CLIPTextConfig, CLIPTextModel, PreTrainedTokenizerBase
 
-from world_model.data.synthetic.world import STRIP_SIZE
+from world_model.data.synthetic.simulation import STRIP_SIZE
 from world_model.text.word_tokenizer import build_word_tokenizer
 
 

@@ -9,7 +9,7 @@ from PIL import Image
 
 from pipeline.pack import evaluate_world as ew
 from pipeline.tiny_models import make_tiny_blip, make_tiny_predictor, one_torch_thread
-from world_model.data.synthetic import world as sw
+from world_model.data.synthetic import generator, scenes, simulation
 from world_model.models.decoding import write_known_sentences
 from world_model.models.registry import build_model, model_vocab_size
 from world_model.text.vocab import Vocabulary, tokenize
@@ -22,7 +22,8 @@ def mixed_base_seed() -> int:
     return next(
         s
         for s in range(100)
-        if {sw.simulate(sw.episode_seed(s, i, "heldout"), seconds=1).kind for i in range(3)} == set(sw.SCENE_TYPES)
+        if {simulation.simulate(simulation.episode_seed(s, i, "heldout"), seconds=1).kind for i in range(3)}
+        == set(scenes.SCENE_TYPES)
     )
 
 
@@ -32,7 +33,7 @@ def world(tmp_path_factory):
     from renderers.pixel_pipeline import PixelPipelineConfig, build_pixel_pipeline
 
     root = tmp_path_factory.mktemp("world")
-    sw.generate(3, mixed_base_seed(), root / "data", split="heldout", seconds=OBSERVE + STEPS, fps=6, size=48)
+    generator.generate(3, mixed_base_seed(), root / "data", split="heldout", seconds=OBSERVE + STEPS, fps=6, size=48)
     split = root / "data" / "heldout"
     sentences = [
         s["text"] for line in (split / "episodes.jsonl").read_text().splitlines() for s in json.loads(line)["sentences"]
@@ -159,7 +160,7 @@ def test_full_loop_writes_consistent_results(world, tmp_path):
 
     md = (out / "results.md").read_text()
     assert results["command"] in md and results["command"].startswith("python -m pipeline.pack.evaluate_world --pack")
-    rows = 2 * (1 + len(sw.SCENE_TYPES))
+    rows = 2 * (1 + len(scenes.SCENE_TYPES))
     assert md.count("| 4-tensor |") == md.count("| copy-last |") == md.count("| 4-tensor, per-slot readout |") == rows
     assert "flat baseline, token readout" not in md and "![storyboard](storyboard.png)" in md
     assert len(results["storyboard"]) == 2
@@ -261,7 +262,7 @@ def test_renderer_round_trip_command_scores_every_render(world, tmp_path, capsys
     hits = [tokenize(c[s]) == tokenize(s) for c in captions.values() for s in sentences]
     assert result["overall"]["strips"] == 2 * len(sentences)
     assert result["overall"]["overall"] == pytest.approx(np.mean(hits), abs=1e-4)
-    assert set(result["overall"]["per_scene"]) == {rt.scene_of(s) for s in sentences} <= set(sw.SCENE_TYPES)
+    assert set(result["overall"]["per_scene"]) == {rt.scene_of(s) for s in sentences} <= set(scenes.SCENE_TYPES)
     assert f"over {2 * len(sentences)} renders" in capsys.readouterr().out
     assert result["solver"] == "sde-dpmsolver++"  # the pipeline's own
     with one_torch_thread():

@@ -12,8 +12,9 @@ import pytest
 from pipeline.pack.evaluate_world import evaluate_world
 from pipeline.presets import load_preset, missing_offline_models
 from tests.model_factories import one_torch_thread
+from world_model.data.synthetic.generator import generate
 from world_model.data.synthetic.sentences import copy_last_predictions, next_state_accuracy, predict_ahead
-from world_model.data.synthetic.world import episode_seed, generate, simulate
+from world_model.data.synthetic.simulation import episode_seed, simulate
 from world_model.models.registry import load_predictor
 
 EPISODES = 4

@@ -9,7 +9,7 @@ from pipeline.pack.train_renderer import diffusion_loss, main, motion_mask, save
 from renderers.pixel_pipeline import PixelPipelineConfig, PixelTextToImagePipeline, build_pixel_pipeline
 from renderers.text_to_image import DiffusersRenderer
 from tests.model_factories import one_torch_thread
-from world_model.data.synthetic.world import generate
+from world_model.data.synthetic.generator import generate
 
 CLASS_PATH = "renderers.pixel_pipeline:PixelTextToImagePipeline"
 SENTENCES = ["the small red ball falls toward the floor.", "the elevator closes its doors on floor two."]

@@ -9,7 +9,7 @@ import imageio_ffmpeg
 import numpy as np
 import pytest
 
-from world_model.data.synthetic import world as sw
+from world_model.data.synthetic import ceilings, generator, scenes, simulation
 from world_model.text.vocab import tokenize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,7 +17,7 @@ SMALL = dict(seconds=3, fps=4, size=32)
 
 
 def scene(kind, seed=0, fps=12, **state):
-    made = sw.SCENES[kind](np.random.default_rng(seed), fps)
+    made = scenes.SCENES[kind](np.random.default_rng(seed), fps)
     for key, value in state.items():
         setattr(made, key, value)
     return made
@@ -26,96 +26,98 @@ def scene(kind, seed=0, fps=12, **state):
 def first_seed(kind, start=0):
     """The first train episode seed of base seed 0 whose scene type is ``kind``."""
     return next(
-        sw.episode_seed(0, i) for i in range(start, 1000) if sw.simulate(sw.episode_seed(0, i), seconds=1).kind == kind
+        simulation.episode_seed(0, i)
+        for i in range(start, 1000)
+        if simulation.simulate(simulation.episode_seed(0, i), seconds=1).kind == kind
     )
 
 
 def test_same_seed_same_bytes_other_seed_differs(tmp_path):
     for name, seed in (("a", 3), ("b", 3), ("c", 4)):
-        sw.generate(3, seed, tmp_path / name, **SMALL)
+        generator.generate(3, seed, tmp_path / name, **SMALL)
     a, b, c = ((tmp_path / n / "train" / "episodes.jsonl").read_bytes() for n in "abc")
     assert a == b and a != c
     assert (tmp_path / "a/train/summary.json").read_bytes() == (tmp_path / "b/train/summary.json").read_bytes()
 
 
 def test_splits_never_share_a_seed_and_differ():
-    train = {sw.episode_seed(s, i, "train") for s in range(3) for i in range(500)}
-    heldout = {sw.episode_seed(s, i, "heldout") for s in range(3) for i in range(500)}
+    train = {simulation.episode_seed(s, i, "train") for s in range(3) for i in range(500)}
+    heldout = {simulation.episode_seed(s, i, "heldout") for s in range(3) for i in range(500)}
     assert len(train) == len(heldout) == 1500 and not train & heldout
     pairs = [
         (
-            sw.simulate(sw.episode_seed(0, i, "train"), seconds=4),
-            sw.simulate(sw.episode_seed(0, i, "heldout"), seconds=4),
+            simulation.simulate(simulation.episode_seed(0, i, "train"), seconds=4),
+            simulation.simulate(simulation.episode_seed(0, i, "heldout"), seconds=4),
         )
         for i in range(6)
     ]
     assert any(a.sentences != b.sentences or a.scene.attributes() != b.scene.attributes() for a, b in pairs)
     with pytest.raises(ValueError):
-        sw.episode_seed(0, 0, "test")
+        simulation.episode_seed(0, 0, "test")
     with pytest.raises(ValueError):
-        sw.episode_seed(0, sw.MAX_EPISODES)
+        simulation.episode_seed(0, simulation.MAX_EPISODES)
 
 
 def test_one_short_sentence_per_second_and_the_truth_is_in_the_predicted_support():
     kinds = set()
     for i in range(45):
-        ep = sw.simulate(sw.episode_seed(1, i), seconds=10, fps=4)
+        ep = simulation.simulate(simulation.episode_seed(1, i), seconds=10, fps=4)
         kinds.add(ep.kind)
         assert len(ep.sentences) == 10 and len(ep.next) == 9
         for text in ep.sentences:
             tokens = tokenize(text)
-            assert len(tokens) <= sw.MAX_TOKENS and tokens[-1] == "." and text == text.lower()
+            assert len(tokens) <= scenes.MAX_TOKENS and tokens[-1] == "." and text == text.lower()
         for t, dist in enumerate(ep.next):
             assert math.isclose(sum(p for _, p in dist), 1.0) and all(p > 0 for _, p in dist)
             assert ep.sentences[t + 1] in dict(dist)  # what happened was possible
             assert dist[0][1] == max(p for _, p in dist)
         if ep.kind in ("ball", "box"):  # visible colour and size are named
             assert all(f"the {ep.scene.size_word} {ep.scene.colour} {ep.kind}" in s for s in ep.sentences)
-    assert kinds == set(sw.SCENE_TYPES)
+    assert kinds == set(scenes.SCENE_TYPES)
 
 
 def test_invisible_distractors_leave_sentences_alone():
-    a = sw.run_scene(scene("ball", 1, x=0.8), 8, lambda o: 0).sentences
-    b = sw.run_scene(scene("ball", 1, x=3.0), 8, lambda o: 0).sentences
-    c = sw.run_scene(scene("ball", 1, colour="green", x=3.0), 8, lambda o: 0).sentences
+    a = simulation.run_scene(scene("ball", 1, x=0.8), 8, lambda o: 0).sentences
+    b = simulation.run_scene(scene("ball", 1, x=3.0), 8, lambda o: 0).sentences
+    c = simulation.run_scene(scene("ball", 1, colour="green", x=3.0), 8, lambda o: 0).sentences
     assert a == b and a != c and all("green" in s for s in c)
-    d = sw.run_scene(scene("elevator", 2, shirt="red"), 6, lambda o: 0).sentences
-    e = sw.run_scene(scene("elevator", 2, shirt="blue"), 6, lambda o: 0).sentences
+    d = simulation.run_scene(scene("elevator", 2, shirt="red"), 6, lambda o: 0).sentences
+    e = simulation.run_scene(scene("elevator", 2, shirt="blue"), 6, lambda o: 0).sentences
     assert d == e
 
 
 def test_ball_bounces_lower_and_comes_to_rest():
     for seed in range(4):
         ball = scene("ball", seed)
-        ep = sw.run_scene(ball, 8, lambda o: 0)
-        apexes = [v * v / (2 * sw.GRAVITY) for _, v in ball.impacts]
+        ep = simulation.run_scene(ball, 8, lambda o: 0)
+        apexes = [v * v / (2 * scenes.GRAVITY) for _, v in ball.impacts]
         assert len(apexes) >= 3 and apexes[0] < ball.drop
         assert all(b < a for a, b in zip(apexes, apexes[1:]))
         for (t0, v), (t1, _) in zip(ball.impacts, ball.impacts[1:]):  # each flight rises to v^2 / 2g
-            assert math.isclose(t1 - t0, 2 * v / sw.GRAVITY, rel_tol=1e-9)
+            assert math.isclose(t1 - t0, 2 * v / scenes.GRAVITY, rel_tol=1e-9)
         heights = [(s["t"], s["y"]) for second in ep.snapshots for s in second]
         for (t0, v), (t1, _) in zip(ball.impacts, ball.impacts[1:]):
             peak = max(y for t, y in heights if t0 < t < t1)
-            assert peak <= v * v / (2 * sw.GRAVITY) + 1e-9
+            assert peak <= v * v / (2 * scenes.GRAVITY) + 1e-9
         assert ball.resting and ball.y == 0 and ball.v == 0
         kinds = [s.split("ball ")[1] for s in ep.sentences]
         assert kinds[0] == "falls toward the floor." and "bounces off the floor." in kinds
         rest = kinds.index("comes to rest on the floor.")
         assert set(kinds[rest + 1 :]) == {"rests on the floor."} and rest < 7
         assert math.isclose(
-            ball.impacts[-1][1], max(v for _, v in ball.impacts) * sw.BALL_RESTITUTION ** (len(apexes) - 1)
+            ball.impacts[-1][1], max(v for _, v in ball.impacts) * scenes.BALL_RESTITUTION ** (len(apexes) - 1)
         )
 
 
 def test_box_slides_slower_and_stops_at_the_wall():
     for seed in range(6):
         box = scene("box", seed)
-        ep = sw.run_scene(box, 6, lambda o: 0)
+        ep = simulation.run_scene(box, 6, lambda o: 0)
         snaps = [s for second in ep.snapshots for s in second]
-        assert all(s["x"] + box.side <= sw.BOX_WALL_X + 1e-12 for s in snaps)
+        assert all(s["x"] + box.side <= scenes.BOX_WALL_X + 1e-12 for s in snaps)
         speeds = [s["v"] for s in snaps]
         assert all(b <= a for a, b in zip(speeds, speeds[1:])) and speeds[0] > 0
-        assert box.stopped and box.v == 0 and math.isclose(box.x + box.side, sw.BOX_WALL_X)
+        assert box.stopped and box.v == 0 and math.isclose(box.x + box.side, scenes.BOX_WALL_X)
         hit = int(box.hit_time)
         assert 1 <= hit and ep.sentences[hit].endswith("hits the wall and stops.")
         assert ep.sentences[0].endswith("is pushed toward the wall.")
@@ -127,7 +129,7 @@ def test_elevator_moves_one_floor_per_step_with_doors_shut():
     moves = 0
     for seed in range(5):
         lift = scene("elevator", seed)
-        ep = sw.run_scene(lift, 30, sw.sampler(np.random.default_rng(seed)))
+        ep = simulation.run_scene(lift, 30, simulation.sampler(np.random.default_rng(seed)))
         positions = [second[0]["pos"] for second in ep.snapshots] + [lift.pos]
         occupied = lift.start_occupied
         for t, text in enumerate(ep.sentences):
@@ -135,7 +137,7 @@ def test_elevator_moves_one_floor_per_step_with_doors_shut():
             if " goes " in text:
                 moves += 1
                 assert abs(step) == 1 and all(s["doors"] == 0 for s in ep.snapshots[t])
-                assert f"floor {sw.FLOOR_NAMES[int(positions[t + 1])]}" in text.split(" on its way")[0]
+                assert f"floor {scenes.FLOOR_NAMES[int(positions[t + 1])]}" in text.split(" on its way")[0]
                 if "stops" in text and t + 1 < len(ep.sentences):
                     assert "opens its doors" in ep.sentences[t + 1]
             else:
@@ -155,28 +157,28 @@ def test_elevator_moves_one_floor_per_step_with_doors_shut():
 def test_frames_show_the_simulated_state():
     size = 96
     ball = scene("ball", 3)
-    ep = sw.run_scene(ball, 6, lambda o: 0)
+    ep = simulation.run_scene(ball, 6, lambda o: 0)
     rows = []
     for snap, frame in zip((s for second in ep.snapshots for s in second), ep.frames(size)):
-        mask = np.all(frame == sw.COLOURS[ball.colour], axis=-1)
+        mask = np.all(frame == scenes.COLOURS[ball.colour], axis=-1)
         ys, xs = np.nonzero(mask)
-        scale = (size - sw.FLOOR_PX) / sw.WORLD  # pixels per unit; the floor band's top edge is at row 87.5
-        row, col = size - sw.FLOOR_PX - 0.5 - (snap["y"] + ball.radius) * scale, snap["x"] * scale
+        scale = (size - scenes.FLOOR_PX) / scenes.WORLD  # pixels per unit; the floor band's top edge is at row 87.5
+        row, col = size - scenes.FLOOR_PX - 0.5 - (snap["y"] + ball.radius) * scale, snap["x"] * scale
         assert abs(ys.mean() - row) < 0.75 and abs(xs.mean() - col) < 0.75
         if snap["resting"]:  # sits on the floor band, not in it
-            assert ys.max() == size - sw.FLOOR_PX - 1
+            assert ys.max() == size - scenes.FLOOR_PX - 1
         rows.append(ys.mean())
     assert max(rows) - min(rows) > 30 and snap["resting"]  # it really moves on screen, and lands
 
     box = scene("box", 4)
-    ep = sw.run_scene(box, 4, lambda o: 0)
-    scale = sw._px_scale(size)
+    ep = simulation.run_scene(box, 4, lambda o: 0)
+    scale = scenes._px_scale(size)
     for snap, frame in zip((s for second in ep.snapshots for s in second), ep.frames(size)):
-        xs = np.nonzero(np.all(frame == sw.COLOURS[box.colour], axis=-1))[1]
+        xs = np.nonzero(np.all(frame == scenes.COLOURS[box.colour], axis=-1))[1]
         assert abs(xs.mean() + 0.5 - (snap["x"] + box.side / 2) * scale) < 1.0
 
     lift = scene("elevator", 0, floor=1, pos=1.0, occupied=False)
-    ep = sw.run_scene(lift, 4, lambda options: len(options) - 1)  # nobody boards, then called to floor four
+    ep = simulation.run_scene(lift, 4, lambda options: len(options) - 1)  # nobody boards, then called to floor four
     frames = ep.frames(size)
     lamp = np.array([250, 200, 0])
     assert not np.all(frames[0] == lamp, axis=-1).any()  # no call yet
@@ -229,26 +231,28 @@ def test_ceiling_equals_brute_force_enumeration(state, seconds, expected):
     episodes = []
     for p, path in leaves:
         script = iter(i for i, _ in path)
-        ep = sw.run_scene(copy.deepcopy(start), seconds, lambda options: next(script))
+        ep = simulation.run_scene(copy.deepcopy(start), seconds, lambda options: next(script))
         assert ep.sentences == [text for _, text in path]
         episodes.append(ep)
-    value = sw.ceiling(episodes, weights=[p for p, _ in leaves])
+    value = ceilings.ceiling(episodes, weights=[p for p, _ in leaves])
     assert math.isclose(value["overall"], brute_force_ceiling(leaves, seconds), rel_tol=1e-12)
     assert value["overall"] < 1
     if expected is not None:
         assert math.isclose(value["overall"], expected)
     records = [json.loads(json.dumps(ep.record())) for ep in episodes]  # the recorded form gives the same
-    assert math.isclose(sw.ceiling(records, [p for p, _ in leaves])["overall"], value["overall"])
+    assert math.isclose(ceilings.ceiling(records, [p for p, _ in leaves])["overall"], value["overall"])
 
 
 def test_ceiling_is_one_only_without_stochastic_scenes():
-    mixed = [sw.simulate(sw.episode_seed(2, i), seconds=6, fps=4) for i in range(24)]
-    value = sw.ceiling(mixed)
+    mixed = [simulation.simulate(simulation.episode_seed(2, i), seconds=6, fps=4) for i in range(24)]
+    value = ceilings.ceiling(mixed)
     assert value["per_scene"]["ball"] == value["per_scene"]["box"] == 1.0
     assert 0.5 < value["per_scene"]["elevator"] < 1 and value["overall"] < 1
     assert sum(value["steps"].values()) == 24 * 5
-    physical = [sw.simulate(sw.episode_seed(2, i), scenes=("ball", "box"), seconds=6, fps=4) for i in range(12)]
-    assert sw.ceiling(physical)["overall"] == 1.0
+    physical = [
+        simulation.simulate(simulation.episode_seed(2, i), scenes=("ball", "box"), seconds=6, fps=4) for i in range(12)
+    ]
+    assert ceilings.ceiling(physical)["overall"] == 1.0
 
 
 def test_cli_writes_clips_records_and_summary(tmp_path):
@@ -270,7 +274,7 @@ def test_cli_writes_clips_records_and_summary(tmp_path):
         "32",
     ]
     done = subprocess.run(
-        [sys.executable, "-m", "world_model.data.synthetic.world", *args],
+        [sys.executable, "-m", "world_model.data.synthetic.generator", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -296,33 +300,33 @@ def test_cli_writes_clips_records_and_summary(tmp_path):
     summary = json.loads((split / "summary.json").read_text())
     assert sum(summary["counts"].values()) == 3 and summary["split"] == "heldout"
     assert set(summary["vocabulary"]) == {t for r in records for s in r["sentences"] for t in tokenize(s["text"])}
-    assert summary["ceiling"] == sw.ceiling(records)
-    assert sw.main([*args]) == 2  # refuses to overwrite
-    assert sw.main([*args, "--overwrite", "--episodes", "1"]) == 0
+    assert summary["ceiling"] == ceilings.ceiling(records)
+    assert generator.main([*args]) == 2  # refuses to overwrite
+    assert generator.main([*args, "--overwrite", "--episodes", "1"]) == 0
     assert len((split / "episodes.jsonl").read_text().splitlines()) == 1
     assert not list(tmp_path.glob(".heldout.partial-*"))
 
 
 def test_replay_reaches_the_recorded_state():
     for i in range(12):
-        seed = sw.episode_seed(3, i, "heldout")
-        ep = sw.simulate(seed, seconds=8, fps=4)
+        seed = simulation.episode_seed(3, i, "heldout")
+        ep = simulation.simulate(seed, seconds=8, fps=4)
         for seconds in (0, 3, 8):
-            reached, sentences = sw.replay(seed, seconds, fps=4)
+            reached, sentences = simulation.replay(seed, seconds, fps=4)
             assert reached.kind == ep.kind and sentences == ep.sentences[:seconds]
             if 0 < seconds < 8:
-                assert sw.next_distribution(reached) == ep.next[seconds - 1]
-    other = sw.simulate(7, scenes=("elevator", "ball"), seconds=6, fps=4).record()
-    assert sw.k_step_ceilings(other, 2, 3, scenes=("elevator", "ball"))
+                assert simulation.next_distribution(reached) == ep.next[seconds - 1]
+    other = simulation.simulate(7, scenes=("elevator", "ball"), seconds=6, fps=4).record()
+    assert ceilings.k_step_ceilings(other, 2, 3, scenes=("elevator", "ball"))
     with pytest.raises(ValueError, match="scene types"):
-        sw.k_step_ceilings({**other, "sentences": other["sentences"][::-1]}, 2, 3, scenes=("elevator", "ball"))
+        ceilings.k_step_ceilings({**other, "sentences": other["sentences"][::-1]}, 2, 3, scenes=("elevator", "ball"))
 
 
 def test_k_step_distributions_are_the_marginals_of_the_outcome_tree():
     start = scene("elevator", 0, floor=2, pos=2.0, occupied=True)
     steps = 6
     leaves = enumerate_leaves(start, steps)
-    dists = sw.k_step_distributions(start, steps)
+    dists = ceilings.k_step_distributions(start, steps)
     assert len(dists) == steps
     for k, dist in enumerate(dists):
         marginal = {}
@@ -337,13 +341,13 @@ def test_k_step_ceilings_by_hand_for_an_empty_car_at_open_doors():
     # floor two, doors open, nobody inside: walk in or not, close, then a call to floor one (weight 2 of 4),
     # three or four (1 each); floor one and three are one second away, four two seconds.
     lift = scene("elevator", 0, floor=2, pos=2.0, occupied=False, phase="board", doors=1.0)
-    dists = sw.k_step_distributions(lift, 4)
+    dists = ceilings.k_step_distributions(lift, 4)
     assert dict(dists[0]) == {
-        "a person walks into the elevator on floor two.": sw.P_ENTER,
-        "the elevator waits on floor two with its doors open.": 1 - sw.P_ENTER,
+        "a person walks into the elevator on floor two.": scenes.P_ENTER,
+        "the elevator waits on floor two with its doors open.": 1 - scenes.P_ENTER,
     }
     assert dict(dists[1]) == {"the elevator closes its doors on floor two.": 1.0}
-    down = sw.CALL_WEIGHTS[1] / (sw.CALL_WEIGHTS[1] + sw.CALL_WEIGHTS[3] + sw.CALL_WEIGHTS[4])
+    down = scenes.CALL_WEIGHTS[1] / (scenes.CALL_WEIGHTS[1] + scenes.CALL_WEIGHTS[3] + scenes.CALL_WEIGHTS[4])
     up = (1 - down) / 2
     assert dict(dists[2]) == pytest.approx(
         {
@@ -354,10 +358,10 @@ def test_k_step_ceilings_by_hand_for_an_empty_car_at_open_doors():
     )
     assert dict(dists[3]) == pytest.approx(
         {
-            "the elevator opens its doors on floor one with a person inside.": down * sw.P_ENTER,
-            "the empty elevator opens its doors on floor one.": down * (1 - sw.P_ENTER),
-            "the elevator opens its doors on floor three with a person inside.": up * sw.P_ENTER,
-            "the empty elevator opens its doors on floor three.": up * (1 - sw.P_ENTER),
+            "the elevator opens its doors on floor one with a person inside.": down * scenes.P_ENTER,
+            "the empty elevator opens its doors on floor one.": down * (1 - scenes.P_ENTER),
+            "the elevator opens its doors on floor three with a person inside.": up * scenes.P_ENTER,
+            "the empty elevator opens its doors on floor three.": up * (1 - scenes.P_ENTER),
             "the elevator goes up and stops at floor four.": up,
         }
     )
@@ -366,17 +370,19 @@ def test_k_step_ceilings_by_hand_for_an_empty_car_at_open_doors():
 def test_k_step_ceilings_agree_with_the_record_and_are_one_for_deterministic_scenes():
     kinds = set()
     for i in range(15):
-        record = json.loads(json.dumps(sw.simulate(sw.episode_seed(4, i, "heldout"), seconds=8, fps=4).record()))
+        record = json.loads(
+            json.dumps(simulation.simulate(simulation.episode_seed(4, i, "heldout"), seconds=8, fps=4).record())
+        )
         kinds.add(record["scene"])
         for observe in (1, 3, 5):
-            ceilings = sw.k_step_ceilings(record, observe, 8 - observe)
-            assert len(ceilings) == 8 - observe and all(0 < c <= 1 for c in ceilings)
-            assert math.isclose(ceilings[0], record["next"][observe - 1]["best_p"])
+            values = ceilings.k_step_ceilings(record, observe, 8 - observe)
+            assert len(values) == 8 - observe and all(0 < c <= 1 for c in values)
+            assert math.isclose(values[0], record["next"][observe - 1]["best_p"])
             if record["scene"] in ("ball", "box"):
-                assert ceilings == [1.0] * len(ceilings)
-            assert sw.k_step_ceilings(record["seed"], observe, 2, fps=4) == ceilings[:2]
+                assert values == [1.0] * len(values)
+            assert ceilings.k_step_ceilings(record["seed"], observe, 2, fps=4) == values[:2]
         if record["scene"] == "elevator":
-            assert min(sw.k_step_ceilings(record, 3, 5)) < 1
-    assert kinds == set(sw.SCENE_TYPES)
+            assert min(ceilings.k_step_ceilings(record, 3, 5)) < 1
+    assert kinds == set(scenes.SCENE_TYPES)
     with pytest.raises(ValueError, match="cannot observe"):
-        sw.k_step_ceilings(record, 9, 1)
+        ceilings.k_step_ceilings(record, 9, 1)

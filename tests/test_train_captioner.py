@@ -21,7 +21,8 @@ from pipeline.pack.train_captioner import (
     train_step,
 )
 from tests.model_factories import one_torch_thread
-from world_model.data.synthetic.world import STRIP_SIZE, generate
+from world_model.data.synthetic.generator import generate
+from world_model.data.synthetic.simulation import STRIP_SIZE
 from world_model.text.vocab import tokenize
 from world_model.text.word_tokenizer import build_word_tokenizer
 

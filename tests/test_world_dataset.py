@@ -5,7 +5,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from encoders.world_dataset import read_states
-from world_model.data.synthetic.world import STATE_FRAMES, generate, simulate
+from world_model.data.synthetic.generator import generate
+from world_model.data.synthetic.simulation import STATE_FRAMES, simulate
 from world_model.text.word_tokenizer import SPECIAL_TOKENS, build_word_tokenizer
 
 

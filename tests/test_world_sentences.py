@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from world_model.data.rocstories import DataError
-from world_model.data.synthetic import world as sw
+from world_model.data.synthetic import generator
 from world_model.data.synthetic.sentences import (
     copy_last_predictions,
     data_kind,
@@ -35,8 +35,8 @@ TINY_MODEL = {"d_x": 4, "d_t": 2, "n_heads": 2, "n_layers": 1, "dropout": 0.5, "
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("world")
-    sw.generate(3, 0, root, seconds=SECONDS, fps=2, size=32)
-    sw.generate(2, 0, root, split="heldout", seconds=SECONDS, fps=2, size=32)
+    generator.generate(3, 0, root, seconds=SECONDS, fps=2, size=32)
+    generator.generate(2, 0, root, split="heldout", seconds=SECONDS, fps=2, size=32)
     return root
 
 

@@ -12,7 +12,7 @@ renderer -> captioner again. Scores, next to what is attainable:
 * next-state accuracy ``k`` seconds ahead (k = 1..steps) of the 4-tensor predictor (PACK/predictor), the
   flat baseline (PACK/baseline) and copy-the-last-state, each from the captions (the full loop) and from
   the true sentences (oracle context), beside the exact k-step ceiling of the simulator
-  (``world_model.data.synthetic.world.k_step_ceilings``) and as a fraction of it. A predictor folder with
+  (``world_model.data.synthetic.ceilings.k_step_ceilings``) and as a fraction of it. A predictor folder with
   known_sentences.txt predicts with the closed-set readout (``world_model.models.decoding``), as the pipeline
   does; its own token readout is then scored beside it;
 * round trip: the fraction of rendered strips captioned back to exactly the sentence they were

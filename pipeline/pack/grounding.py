@@ -27,7 +27,7 @@ from encoders.captioner import HFCaptioner
 from encoders.frames import sample_frames
 from encoders.grounding import FeatureReference
 from encoders.world_dataset import read_states
-from world_model.data.synthetic.world import STATE_FRAMES
+from world_model.data.synthetic.simulation import STATE_FRAMES
 
 
 def strip_features(captioner: HFCaptioner, images: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:

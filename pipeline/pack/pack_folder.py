@@ -12,7 +12,7 @@ from world_model.data.rocstories import DataError
 from world_model.data.synthetic.sentences import (
     read_episodes,
 )
-from world_model.data.synthetic.world import SCENE_TYPES
+from world_model.data.synthetic.scenes import SCENE_TYPES
 
 BASELINE_FOLDER = "baseline"
 INDEX_FILES = {

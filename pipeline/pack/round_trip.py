@@ -23,7 +23,7 @@ from pipeline.pack.world_loop import accuracy_by_scene, render_all, round_trip
 from pipeline.presets import load_preset
 from renderers.pixel_pipeline import SOLVERS, set_solver
 from renderers.text_to_image import DiffusersRenderer
-from world_model.data.synthetic.world import SCENE_TYPES
+from world_model.data.synthetic.scenes import SCENE_TYPES
 
 PIPELINE_CLASS = "renderers.pixel_pipeline:PixelTextToImagePipeline"
 

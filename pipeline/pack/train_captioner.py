@@ -46,7 +46,7 @@ from transformers import (
 
 from encoders.captioner import HFCaptioner
 from encoders.world_dataset import StateSet, read_states
-from world_model.data.synthetic.world import STRIP_SIZE
+from world_model.data.synthetic.simulation import STRIP_SIZE
 from world_model.text.vocab import same_sentence
 from world_model.text.word_tokenizer import build_word_tokenizer
 from world_model.training.config import add_dataclass_flags, dataclass_from_args

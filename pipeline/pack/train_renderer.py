@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 
 from encoders.world_dataset import read_states
 from renderers.pixel_pipeline import PixelPipelineConfig, PixelTextToImagePipeline, build_pixel_pipeline, check_solver
-from world_model.data.synthetic.world import STATE_FRAMES
+from world_model.data.synthetic.simulation import STATE_FRAMES
 from world_model.training.config import add_dataclass_flags, dataclass_from_args
 from world_model.training.schedule import warmup_cosine
 from world_model.utils.files import atomic_dir, write_json_atomic

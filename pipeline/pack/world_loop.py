@@ -21,7 +21,7 @@ from world_model.data.synthetic.sentences import (
     rounded,
     score_predictions,
 )
-from world_model.data.synthetic.world import k_step_ceilings
+from world_model.data.synthetic.ceilings import k_step_ceilings
 from world_model.models.checkpoint import CheckpointError
 from world_model.models.decoding import readout_name
 from world_model.models.registry import load_predictor

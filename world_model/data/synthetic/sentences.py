@@ -1,6 +1,6 @@
 """The synthetic world's sentence sequences as predictor data, and multi-step scoring of predictors on them.
 
-A data folder written by ``python -m world_model.data.synthetic.world generate`` holds ``train/episodes.jsonl``
+A data folder written by ``python -m world_model.data.synthetic.generator generate`` holds ``train/episodes.jsonl``
 (and ``heldout/episodes.jsonl``): one record per episode with one sentence per second. Training reads it as
 
     python -m world_model.training.train --config configs/world_model/synthetic.yaml --data DATA_DIR --out OUT_DIR
@@ -45,7 +45,7 @@ from world_model.text.windows import caption_window, decode_states
 EPISODES_FILE = "episodes.jsonl"
 TRAIN_SPLIT = "train"
 VALIDATION_FRACTION = 0.1
-GENERATE_HINT = "python -m world_model.data.synthetic.world generate --episodes N --seed S --out DATA_DIR"
+GENERATE_HINT = "python -m world_model.data.synthetic.generator generate --episodes N --seed S --out DATA_DIR"
 
 
 def read_records(split_dir: str | Path, limit: int | None = None) -> list[dict]:
@@ -54,7 +54,7 @@ def read_records(split_dir: str | Path, limit: int | None = None) -> list[dict]:
     index = split_dir / "episodes.jsonl"
     if not index.is_file():
         raise FileNotFoundError(
-            f"{index} not found: generate episodes with `python -m world_model.data.synthetic.world generate --out DIR`"
+            f"{index} not found: generate episodes with `python -m world_model.data.synthetic.generator generate --out DIR`"
         )
     with open(index, encoding="utf-8") as f:
         records = [json.loads(line) for line in f if line.strip()]
@@ -307,7 +307,7 @@ def score_checkpoints(
     """Next-state accuracy per step ahead of each predictor checkpoint on the first `episodes` episodes of a
     held-out split, from the true sentences of the first `observed` seconds, beside copy-the-last-state and
     the simulator's k-step ceiling (overall and per scene); `readout` as in `readout_candidates`."""
-    from world_model.data.synthetic.world import k_step_ceilings
+    from world_model.data.synthetic.ceilings import k_step_ceilings
     from world_model.models.decoding import readout_candidates, readout_name
     from world_model.models.registry import load_predictor
 
