@@ -39,6 +39,7 @@ from pipeline.run_folder import RunFolderError, default_out_dir, prepare_run_dir
 from pipeline.run_outputs import rollout_record, window_warnings, write_json, write_outputs
 from world_model.models.checkpoint import CheckpointError
 from world_model.models.decoding import GenerationConfig
+from world_model.models.precision import autocast
 from world_model.text.windows import caption_window, decode_states
 from world_model.utils.files import replace_dir
 from world_model.utils.timing import timed
@@ -196,15 +197,16 @@ def predict(predictor, readout, window, steps: int, generation: GenerationConfig
     generator = generation.generator()
     predictions = []
     for _ in range(generation.futures):
-        ids = readout.rollout(
-            predictor.model,
-            window,
-            steps,
-            predictor.vocab.end_ids,
-            generation.temperature,
-            generation.top_k,
-            generator,
-        )[0].cpu()  # (steps, N)
+        with autocast(generation.precision, window.device):
+            ids = readout.rollout(
+                predictor.model,
+                window,
+                steps,
+                predictor.vocab.end_ids,
+                generation.temperature,
+                generation.top_k,
+                generator,
+            )[0].cpu()  # (steps, N)
         predictions.append({"sentences": decode_states(ids, predictor.vocab), "token_ids": ids.tolist()})
     return predictions
 

@@ -109,6 +109,7 @@ def rollout_record(
             "temperature": generation.temperature,
             "top_k": generation.top_k,
             "seed": generation.seed,
+            "precision": generation.precision,
             "readout": readout,
             "samples": len(predictions),
             "init_from_last_frame": output.init_from_last_frame,

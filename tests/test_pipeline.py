@@ -246,3 +246,27 @@ def test_readout_picks_known_sentences_when_the_predictor_lists_them(models, cli
     code = main([str(clip), "--out", str(tmp_path / "refused"), "--readout", "sentences", *cli_models(models)])
     assert code == 2 and "known_sentences.txt" in capsys.readouterr().err
     assert not (tmp_path / "refused").exists()
+
+
+def test_bf16_precision_runs_the_predictor_under_autocast(models, clip, tmp_path, monkeypatch):
+    seen = []
+    real = rollout_module.load_readout
+
+    class Watching:
+        def __init__(self, readout):
+            self.readout, self.name = readout, readout.name
+
+        def rollout(self, *args):
+            seen.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+            return self.readout.rollout(*args)
+
+    monkeypatch.setattr(rollout_module, "load_readout", lambda *a: Watching(real(*a)))
+    with one_torch_thread():
+        bf16 = run_rollout(
+            clip, 2, choice(models), generation=GenerationConfig(precision="bf16"), output=tmp_path / "a"
+        )
+        fp32 = run_rollout(clip, 2, choice(models), output=tmp_path / "b")
+    assert seen == [True, False]
+    assert bf16.record["sampling"]["precision"] == "bf16" and fp32.record["sampling"]["precision"] == "fp32"
+    with pytest.raises(ValueError, match="precision"):
+        GenerationConfig(precision="fp16")

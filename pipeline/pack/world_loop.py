@@ -14,6 +14,7 @@ from encoders.world_dataset import episode_strips
 from pipeline.pack.pack_folder import EvaluationError, Pack
 from pipeline.pack.world_report import CONTEXTS, PREDICTORS, storyboard_rows, write_storyboard
 from renderers.text_to_image import DiffusersRenderer
+from world_model.data.synthetic.ceilings import k_step_ceilings
 from world_model.data.synthetic.sentences import (
     copy_last_predictions,
     episode_sentences,
@@ -21,7 +22,6 @@ from world_model.data.synthetic.sentences import (
     rounded,
     score_predictions,
 )
-from world_model.data.synthetic.ceilings import k_step_ceilings
 from world_model.models.checkpoint import CheckpointError
 from world_model.models.decoding import readout_name
 from world_model.models.registry import load_predictor

@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from world_model.generation.sentence_bank import resolve_readout
-from world_model.models.decoding import GENERATION_READOUTS
 from world_model.models.checkpoint import CheckpointError
+from world_model.models.decoding import GENERATION_READOUTS
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import tokenize
 from world_model.text.windows import caption_window, decode_states

@@ -21,11 +21,17 @@ from typing import Iterable
 
 import torch
 
+from world_model.models.precision import PRECISIONS, check_precision
 from world_model.text.vocab import UnknownWordError, Vocabulary, tokenize
 
 KNOWN_SENTENCES_NAME = "known_sentences.txt"  # in a predictor folder: one known sentence per line
 READOUTS = ("auto", "sentences", "tokens")  # how a predictor reads its next sentence off (`readout_candidates`)
-GENERATION_READOUTS = ("auto", "sentences", "bank", "tokens")  # the same, with a sentence bank (generation.sentence_bank)
+GENERATION_READOUTS = (
+    "auto",
+    "sentences",
+    "bank",
+    "tokens",
+)  # the same, with a sentence bank (generation.sentence_bank)
 MAX_SEED = 2**32 - 1
 
 
@@ -37,13 +43,18 @@ class GenerationConfig:
     (or known sentence) drawn at `temperature` among the `top_k` likeliest, from a generator seeded with `seed`.
     `readout`: sentences (one of the predictor's known sentences), bank (one of its sentence bank's), tokens (read
     off freely; the paper's per-slot readout for the 4-tensor model) or auto (known sentences, else the bank, else
-    tokens). Every field is also a flag (`transformers.HfArgumentParser`)."""
+    tokens). `precision` bf16 runs the predictor's matrix products under bf16 autocast (`world_model.models.precision`).
+    Every field is also a flag (`transformers.HfArgumentParser`)."""
 
     _argument_group_name = "generation"
     samples: int = field(default=1, metadata={"help": "alternative futures (needs --temperature > 0)"})
     temperature: float = field(default=0.0, metadata={"help": "0 = greedy (default)"})
     top_k: int | None = field(default=None, metadata={"help": "sample only among the k likeliest words or sentences"})
     seed: int = field(default=0, metadata={"help": "seed for sampling (and for rendering, in the video rollout)"})
+    precision: str = field(
+        default="fp32",
+        metadata={"choices": PRECISIONS, "help": "the predictor's arithmetic: fp32 (default) or bf16 autocast"},
+    )
     readout: str = field(
         default="auto",
         metadata={
@@ -63,6 +74,7 @@ class GenerationConfig:
             raise ValueError(f"--top-k must be at least 1, got {self.top_k}")
         if not 0 <= self.seed <= MAX_SEED:
             raise ValueError(f"--seed must be between 0 and {MAX_SEED}, got {self.seed}")
+        check_precision(self.precision)
         if self.readout not in GENERATION_READOUTS:
             raise ValueError(f"--readout must be one of {', '.join(GENERATION_READOUTS)}, got {self.readout!r}")
 
