@@ -69,7 +69,8 @@ class PixelTextToImagePipeline(DiffusionPipeline):
     """Text -> (H, W, 3) RGB images, denoised in pixel space.
 
     Components: ``unet`` (``UNet2DConditionModel`` with 3 * patch_size**2 out channels, as many in
-    channels plus 3 coordinate channels when ``strip_frames`` > 0, and its ``sample_size`` in patches, ``class_embed_type="projection"`` fed with the pooled text embedding),
+    channels plus 3 coordinate channels when ``strip_frames`` > 0, and its ``sample_size`` in patches,
+    ``class_embed_type="projection"`` fed with the pooled text embedding),
     ``scheduler`` (any diffusers scheduler whose ``prediction_type`` is the UNet's), ``text_encoder``
     (``CLIPTextModel``) and ``tokenizer`` (word-level; prompts become [BOS] words [EOS] [PAD]...).
     ``default_num_inference_steps`` and ``default_guidance_scale`` are the sampling settings used when a

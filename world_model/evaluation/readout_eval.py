@@ -147,9 +147,10 @@ def repeat_share(windows: torch.Tensor, rollouts: torch.Tensor) -> float:
     return repeats / len(windows)
 
 
-def timed(fn):
+def timed(fn, *args):
+    """(fn(*args), its wall-clock seconds)."""
     start = time.perf_counter()
-    value = fn()
+    value = fn(*args)
     return value, time.perf_counter() - start
 
 
@@ -168,15 +169,16 @@ def evaluate(
     """One-step measures and timing for the `one_step` readouts, and the repeat share of 5-step rollouts on the
     first `rollout_contexts` contexts for the `rollouts` readouts."""
     results = {}
+    singles = [windows[i : i + 1] for i in range(min(20, len(windows)))]  # one at a time, as a rollout asks
     for name, readout in one_step.items():
-        predicted, seconds = timed(lambda: predict(model, windows, readout, vocab, bank)[:, 0])
-        singles = min(20, len(windows))
-        _, single = timed(lambda: [predict(model, windows[i : i + 1], readout, vocab, bank) for i in range(singles)])
+        predicted, seconds = timed(predict, model, windows, readout, vocab, bank)
+        predicted = predicted[:, 0]
+        _, single = timed(lambda r=readout: [predict(model, w, r, vocab, bank) for w in singles])
         results[name] = {
             **readout,
             **one_step_measures(predicted, true, vocab, grams, bank, common),
             "ms_per_prediction_batched": round(1000 * seconds / len(windows), 2),
-            "ms_per_prediction_one_at_a_time": round(1000 * single / singles, 2),
+            "ms_per_prediction_one_at_a_time": round(1000 * single / len(singles), 2),
         }
         print(name, json.dumps(results[name]), flush=True)
     for name, readout in rollouts.items():
