@@ -40,6 +40,7 @@ from pipeline.presets import PresetError, available_presets, choose_preset, reso
 from world_model.generation.sentence_bank import BANK_READOUTS as READOUTS
 from world_model.generation.sentence_bank import Readout, resolve_readout
 from world_model.models.checkpoint import CheckpointError
+from world_model.models.generation_config import GenerationConfig
 from world_model.models.registry import Predictor
 from world_model.models.registry import load_predictor as load_predictor_folder
 from world_model.text.windows import caption_window, decode_states
@@ -242,12 +243,14 @@ def run_rollout(
         report(0.5, "predicting")
         c = model.config
         window = caption_window(captions, vocab, c.n_states, c.n_tokens)
-        generator = torch.Generator(device="cpu").manual_seed(seed)
+        generation = GenerationConfig(
+            temperature=temperature, top_k=top_k, end_ids=vocab.end_ids, samples=samples, seed=seed, readout=readout
+        )
+        generator = generation.generator()
         predictions = []
-        for _ in range(samples if temperature > 0 else 1):
-            ids = chosen_readout.rollout(
-                model, window.token_ids.to(device), steps, vocab.end_ids, temperature, top_k, generator
-            )[0].cpu()  # (steps, N)
+        for _ in range(generation.futures):
+            ids = chosen_readout.rollout(model, window.token_ids.to(device), steps, generation, generator)
+            ids = ids[0].cpu()  # (steps, N)
             predictions.append({"sentences": decode_states(ids, vocab), "token_ids": ids.tolist()})
         timings["predict"] = time.perf_counter() - start
 

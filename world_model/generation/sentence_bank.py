@@ -36,6 +36,7 @@ import torch
 
 from world_model.models.checkpoint import resolve_folder
 from world_model.models.decoding import KNOWN_SENTENCES_NAME, READOUTS, choose_candidates
+from world_model.models.generation_config import GenerationConfig
 from world_model.text.vocab import PAD_ID, UNK_ID, UnknownWordError, Vocabulary, tokenize
 
 BANK_NAME = "sentence_bank.json.gz"  # in a predictor folder: {"sentences": [...], "names": [...], "source": ...}
@@ -329,27 +330,13 @@ class Readout:
         return f"sentences ({count} known)" if self.kind == "sentences" else f"bank ({count} sentences)"
 
     def rollout(
-        self,
-        model,
-        window: torch.Tensor,
-        steps: int,
-        end_ids: Sequence[int],
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        generator: torch.Generator | None = None,
+        self, model, window: torch.Tensor, steps: int, generation: GenerationConfig, generator: torch.Generator | None
     ) -> torch.Tensor:
-        """Predicted states (B, steps, N) of windows (B, T, N); `end_ids` end a sentence of the tokens readout."""
+        """Predicted states (B, steps, N) of windows (B, T, N); `generation.end_ids` end a sentence of the tokens
+        readout, its temperature and top_k apply to every readout."""
         if self.kind == "bank":
-            return bank_rollout(model, window, steps, self.bank, temperature, top_k, generator)
-        return model.rollout(
-            window,
-            steps,
-            end_ids=end_ids,
-            temperature=temperature,
-            top_k=top_k,
-            generator=generator,
-            candidates=self.known,
-        )
+            return bank_rollout(model, window, steps, self.bank, generation.temperature, generation.top_k, generator)
+        return model.rollout(window, steps, generation, generator, candidates=self.known)
 
 
 def resolve_readout(

@@ -19,6 +19,7 @@ from typing import Iterable
 
 import torch
 
+from world_model.models.generation_config import sample_ids
 from world_model.text.vocab import UnknownWordError, Vocabulary, tokenize
 
 KNOWN_SENTENCES_NAME = "known_sentences.txt"  # in a predictor folder: one known sentence per line
@@ -61,16 +62,10 @@ def choose_candidates(
 ) -> torch.Tensor:
     """One candidate per row: scores (B, C) log-likelihoods, candidates (C, N) -> token ids (B, N).
 
-    temperature 0 takes the highest score; temperature > 0 samples from softmax(scores / temperature),
-    restricted to the top_k candidates when top_k is given, using `generator` for reproducible futures.
+    The choice follows `sample_ids`: the highest score at temperature 0, else a draw from
+    softmax(scores / temperature) within the top_k candidates, using `generator` for reproducible futures.
     """
-    if temperature <= 0:
-        return candidates[scores.argmax(dim=-1)]
-    scores = scores.float() / temperature
-    if top_k is not None:
-        kth = scores.topk(min(top_k, scores.shape[-1]), dim=-1).values[..., -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    choice = torch.multinomial(scores.softmax(dim=-1), 1, generator=generator)[:, 0]
+    choice = sample_ids(scores, temperature, top_k, generator)  # (B,)
     return candidates[choice.to(candidates.device)]
 
 
