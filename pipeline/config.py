@@ -1,5 +1,5 @@
 """The rollout's settings as dataclasses: which models (`ModelChoice`), which frames (`FrameSampling`) and what is
-written (`OutputConfig`); how sentences are predicted is `world_model.models.decoding.GenerationConfig`.
+written (`OutputConfig`); how sentences are predicted is `world_model.models.generation_config.GenerationConfig`.
 
 The same classes serve the Python API (`run_rollout(video, steps, models, frames, generation, output)`), the
 command line (`transformers.HfArgumentParser` turns their fields into flags; `metadata["help"]` is the flag's help)

@@ -5,7 +5,7 @@
                                 [--readout auto|sentences|bank|tokens] [--on-unknown warn|stop] [--verbose]
 
 `run_rollout(video, steps, models, frames, generation, output)` is the Python API that the command and the demo
-both call; its settings are the dataclasses of `pipeline.config` and `world_model.models.decoding.GenerationConfig`,
+both call; its settings are the dataclasses of `pipeline.config` and `world_model.models.generation_config.GenerationConfig`,
 and the command's flags are their fields. A run folder holds the observed and rendered frames, `rollout.json`,
 `storyboard.png`, `rollout.mp4` and `rollout.gif`. It is written beside its destination and renamed into place only
 when complete (also on Ctrl-C or SIGTERM, which remove it). Every caption carries a grounding score
@@ -22,7 +22,7 @@ import shutil
 import signal
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -38,7 +38,7 @@ from pipeline.presets import PresetError, available_presets
 from pipeline.run_folder import RunFolderError, default_out_dir, prepare_run_dir
 from pipeline.run_outputs import rollout_record, window_warnings, write_json, write_outputs
 from world_model.models.checkpoint import CheckpointError
-from world_model.models.decoding import GenerationConfig
+from world_model.models.generation_config import GenerationConfig
 from world_model.models.precision import autocast
 from world_model.text.windows import caption_window, decode_states
 from world_model.utils.files import replace_dir
@@ -194,19 +194,12 @@ def caption(cap, images: list[np.ndarray]) -> tuple[list[str], list]:
 
 def predict(predictor, readout, window, steps: int, generation: GenerationConfig) -> list[dict]:
     """`generation.futures` rollouts of `steps` states from the (1, T, N) window: [{"sentences", "token_ids"}]."""
+    generation = replace(generation, end_ids=predictor.vocab.end_ids)
     generator = generation.generator()
     predictions = []
     for _ in range(generation.futures):
         with autocast(generation.precision, window.device):
-            ids = readout.rollout(
-                predictor.model,
-                window,
-                steps,
-                predictor.vocab.end_ids,
-                generation.temperature,
-                generation.top_k,
-                generator,
-            )[0].cpu()  # (steps, N)
+            ids = readout.rollout(predictor.model, window, steps, generation, generator)[0].cpu()  # (steps, N)
         predictions.append({"sentences": decode_states(ids, predictor.vocab), "token_ids": ids.tolist()})
     return predictions
 

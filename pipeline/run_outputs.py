@@ -11,7 +11,7 @@ from PIL import Image
 from encoders.frames import SampledClip
 from pipeline.config import OutputConfig, Plan
 from renderers.outputs import write_storyboard
-from world_model.models.decoding import GenerationConfig
+from world_model.models.generation_config import GenerationConfig
 from world_model.utils.video import write_gif, write_video
 
 

@@ -11,6 +11,7 @@ from world_model.models.baseline import BaselineModel, aligned_correct, compact
 from world_model.models.baseline_config import BaselineConfig
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.four_tensor_config import FourTensorConfig
+from world_model.models.generation_config import GenerationConfig
 from world_model.text.vocab import Vocabulary
 
 V = 13  # content vocabulary, padding 0 and unknown 1 included
@@ -261,9 +262,9 @@ def test_generate_end_ids_and_banned_ids():
     window = make_full(B=4, seed=2)[:, :T]
     free = model.generate(window)
     end = int(free[0, 0])
-    cut = model.generate(window, end_ids=[end])
+    cut = model.generate(window, GenerationConfig(end_ids=[end]))
     assert cut[0].tolist() == [end] + [0] * (N - 1)  # the end token is kept, nothing after it
-    banned = model.generate(window, banned_ids=[end])
+    banned = model.generate(window, GenerationConfig(banned_ids=[end]))
     assert not (banned == end).any()
 
 
@@ -274,12 +275,13 @@ def test_rollout_slides_the_window_and_packs_it_again():
     assert out.shape == (2, 3, N)
     current = window
     for step in range(3):
-        state = model.generate(current, banned_ids=[0, BOS])
+        state = model.generate(current, GenerationConfig(banned_ids=[0, BOS]))
         assert torch.equal(out[:, step], state)
         current = torch.cat([current[:, 1:], state[:, None]], dim=1)
     short = model.rollout(window[:, :1], steps=2)  # a window shorter than T grows first
     assert torch.equal(
-        short[:, 1], model.generate(torch.cat([window[:, :1], short[:, :1]], dim=1), banned_ids=[0, BOS])
+        short[:, 1],
+        model.generate(torch.cat([window[:, :1], short[:, :1]], dim=1), GenerationConfig(banned_ids=[0, BOS])),
     )
 
 
@@ -542,13 +544,13 @@ def test_generate_with_one_candidate_returns_it_for_every_row():
     one = CANDIDATES[1:2]
     assert torch.equal(model.generate(window, candidates=one), one.expand(4, N))
     g = torch.Generator().manual_seed(0)
-    assert torch.equal(model.generate(window, candidates=one, temperature=1.0, generator=g), one.expand(4, N))
+    assert torch.equal(model.generate(window, GenerationConfig(temperature=1.0), g, candidates=one), one.expand(4, N))
 
 
 def test_generate_with_candidates_takes_the_argmax_of_score_sentences():
     model = make_model(seed=0, scale=0.5)
     window = make_full(B=6, seed=15)[:, :T]
-    own = model.generate(window, banned_ids=[0, BOS])
+    own = model.generate(window, GenerationConfig(banned_ids=[0, BOS]))
     own = own[(own != 0).any(dim=1)]  # the model's own greedy sentences, plus random others
     others = make_full(B=4, seed=16, min_len=1)[:, 0]
     candidates = torch.cat([own, others])
@@ -557,10 +559,14 @@ def test_generate_with_candidates_takes_the_argmax_of_score_sentences():
     assert torch.equal(chosen, candidates[scores.argmax(dim=1)])
     assert len({tuple(r) for r in chosen.tolist()}) > 1, "the test wants rows that choose differently"
     # banned_ids and end_ids do not apply to the closed-set readout
-    assert torch.equal(model.generate(window, candidates=candidates, banned_ids=[4, 5], end_ids=[6]), chosen)
+    assert torch.equal(
+        model.generate(window, GenerationConfig(banned_ids=[4, 5], end_ids=[6]), candidates=candidates), chosen
+    )
     # top_k = 1 sampling is the argmax
     g = torch.Generator().manual_seed(2)
-    assert torch.equal(model.generate(window, candidates=candidates, temperature=1.0, top_k=1, generator=g), chosen)
+    assert torch.equal(
+        model.generate(window, GenerationConfig(temperature=1.0, top_k=1), g, candidates=candidates), chosen
+    )
 
 
 def test_generate_sampling_over_candidates_is_reproducible_and_closed():
@@ -570,7 +576,7 @@ def test_generate_sampling_over_candidates_is_reproducible_and_closed():
 
     def sample(seed):
         g = torch.Generator().manual_seed(seed)
-        return model.generate(window, candidates=CANDIDATES, temperature=5.0, generator=g)
+        return model.generate(window, GenerationConfig(temperature=5.0), g, candidates=CANDIDATES)
 
     a, b, other = sample(7), sample(7), sample(8)
     assert torch.equal(a, b)
@@ -584,7 +590,7 @@ def test_rollout_with_candidates_stays_in_the_set_and_slides_the_window():
     model = make_model(seed=4, scale=0.5)
     window = make_full(B=3, seed=18)[:, :T]
     rows = {tuple(r) for r in CANDIDATES.tolist()}
-    out = model.rollout(window, steps=4, candidates=CANDIDATES, banned_ids=[3])
+    out = model.rollout(window, 4, GenerationConfig(banned_ids=[3]), candidates=CANDIDATES)
     assert out.shape == (3, 4, N)
     assert all(tuple(r) in rows for r in out.reshape(-1, N).tolist())
     current = window
@@ -593,7 +599,7 @@ def test_rollout_with_candidates_stays_in_the_set_and_slides_the_window():
         assert torch.equal(out[:, step], state)
         current = torch.cat([current[:, 1:], state[:, None]], dim=1)
     g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
-    hot = dict(candidates=CANDIDATES, temperature=5.0)
+    hot = dict(generation=GenerationConfig(temperature=5.0), candidates=CANDIDATES)
     s1 = model.rollout(window, steps=3, generator=g1, **hot)
     assert torch.equal(s1, model.rollout(window, steps=3, generator=g2, **hot))
     assert all(tuple(r) in rows for r in s1.reshape(-1, N).tolist())

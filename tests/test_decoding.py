@@ -14,6 +14,7 @@ from world_model.models.decoding import (
     slot_log_likelihood,
     write_known_sentences,
 )
+from world_model.models.generation_config import GenerationConfig, after_first, sample_ids
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import Vocabulary
 
@@ -47,10 +48,10 @@ def test_slot_log_likelihood_sums_content_slots_only():
 def test_per_slot_readout_mixes_two_sentences_and_the_closed_set_picks_one_of_them():
     model = make_model()
     logits = two_way_logits(0.55, 0.45)
-    mixed = model.decode_state(logits, end_ids=[END])[0].tolist()
+    mixed = model.decode_state(logits, GenerationConfig(end_ids=[END]))[0].tolist()
     assert mixed[:2] == [4, 6] and mixed not in (A, B)
     candidates = torch.tensor([A, B])
-    chosen = model.decode_state(logits, end_ids=[END], candidates=candidates)[0].tolist()
+    chosen = model.decode_state(logits, GenerationConfig(end_ids=[END]), candidates=candidates)[0].tolist()
     # By hand: A scores log .55 + log .45 + log .5 (3 slots), B log .45 + log .55 + log .5 + log .9: A is likelier.
     assert chosen == A
     logits[0, 3, END] = math.log(
@@ -66,7 +67,7 @@ def test_closed_set_sampling_is_seeded_and_returns_only_candidates():
     candidates = torch.tensor([A, B, [10, 11, END, 0, 0]])
     logits = torch.randn(64, 5, V)
     draw = lambda seed, **kw: model.decode_state(
-        logits, temperature=2.0, candidates=candidates, generator=torch.Generator().manual_seed(seed), **kw
+        logits, GenerationConfig(temperature=2.0, **kw), torch.Generator().manual_seed(seed), candidates=candidates
     )
     assert torch.equal(draw(0), draw(0))
     rows = {tuple(r) for r in draw(1).tolist()}
@@ -78,7 +79,7 @@ def test_closed_set_sampling_is_seeded_and_returns_only_candidates():
 def test_rollout_with_candidates_predicts_known_sentences_at_every_step():
     model = make_model()
     candidates = torch.tensor([A, B, [10, 11, 12, END, 0]])
-    out = model.rollout(make_window(B=3), steps=4, end_ids=[END], candidates=candidates)
+    out = model.rollout(make_window(B=3), 4, GenerationConfig(end_ids=[END]), candidates=candidates)
     assert out.shape == (3, 4, 5)
     known = {tuple(c) for c in candidates.tolist()}
     assert all(tuple(s) in known for s in out.reshape(-1, 5).tolist())
@@ -133,3 +134,24 @@ def test_save_pretrained_carries_the_known_sentences_to_load_predictor(tmp_path)
     (tmp_path / "with" / KNOWN_SENTENCES_NAME).write_text("the dog barks.\n")
     with pytest.raises(CheckpointError, match="'dog'"):
         load_predictor(tmp_path / "with")
+
+
+def test_generation_config_checks_and_counts_futures():
+    assert GenerationConfig().futures == 1 and GenerationConfig(samples=4).futures == 1  # greedy: one future
+    assert GenerationConfig(temperature=0.5, samples=4).futures == 4
+    assert GenerationConfig(end_ids=[3, 4]).end_ids == (3, 4)  # stored as a tuple: the config is frozen
+    g1, g2 = GenerationConfig(seed=7).generator(), GenerationConfig(seed=7).generator()
+    assert torch.equal(torch.rand(3, generator=g1), torch.rand(3, generator=g2))
+    for bad in (dict(temperature=-1.0), dict(temperature=float("nan")), dict(top_k=0), dict(samples=0)):
+        with pytest.raises(ValueError):
+            GenerationConfig(**bad)
+
+
+def test_sample_ids_and_after_first_stop():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0], [5.0, 0.0, 0.0, 4.0]])
+    assert sample_ids(logits).tolist() == [1, 0]
+    g = torch.Generator().manual_seed(0)
+    draws = torch.stack([sample_ids(logits, 10.0, top_k=2, generator=g) for _ in range(50)])  # (50, 2)
+    assert set(draws[:, 0].tolist()) == {1, 3} and set(draws[:, 1].tolist()) == {0, 3}
+    is_stop = torch.tensor([[False, True, False, True], [False, False, False, False]])
+    assert after_first(is_stop).tolist() == [[False, False, True, True], [False, False, False, False]]

@@ -11,6 +11,7 @@ from tests.test_faithfulness import V, make_model, make_window
 from world_model.models.checkpoint import CheckpointError
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.four_tensor_config import FourTensorConfig
+from world_model.models.generation_config import GenerationConfig
 
 END = 7  # plays the role of "." in these tests
 
@@ -86,18 +87,18 @@ def test_length_rule_cuts_after_the_first_end_token():
     logits = torch.full((1, 5, V), -1.0)
     for x, token in enumerate([4, 9, END, 3, END]):
         logits[0, x, token] = 5.0
-    ids = model.decode_state(logits, end_ids=[END])
+    ids = model.decode_state(logits, GenerationConfig(end_ids=[END]))
     assert ids.tolist() == [[4, 9, END, 0, 0]]
     # Without an end token the state fills all N slots; padding (logit 0 > -1) is never chosen.
     logits[0, 2, END] = -2.0
     logits[0, 4, END] = -2.0
     logits[0, 2, 11] = 5.0
     logits[0, 4, 12] = 5.0
-    assert model.decode_state(logits, end_ids=[END]).tolist() == [[4, 9, 11, 3, 12]]
+    assert model.decode_state(logits, GenerationConfig(end_ids=[END])).tolist() == [[4, 9, 11, 3, 12]]
     # The unknown word and banned ids are never emitted.
     logits[0, 0, 1] = 9.0
     logits[0, 1, 2] = 9.0
-    assert model.decode_state(logits, end_ids=[END], banned_ids=[2])[0, :2].tolist() == [4, 9]
+    assert model.decode_state(logits, GenerationConfig(end_ids=[END], banned_ids=[2]))[0, :2].tolist() == [4, 9]
 
 
 def test_unknown_word_slot_keeps_its_position_and_is_attended():
@@ -114,7 +115,7 @@ def test_sampling_is_seeded_and_top_k_restricts_choices():
     model = make_model()
     logits = torch.randn(4, 5, V)
     draw = lambda seed, **kw: model.decode_state(
-        logits, temperature=1.0, generator=torch.Generator().manual_seed(seed), **kw
+        logits, GenerationConfig(temperature=1.0, **kw), torch.Generator().manual_seed(seed)
     )
     assert torch.equal(draw(0), draw(0))
     assert not torch.equal(draw(0), draw(1))
@@ -126,12 +127,12 @@ def test_sampling_is_seeded_and_top_k_restricts_choices():
 def test_rollout_slides_the_window_and_rereads_positions():
     model = make_model()
     ids = make_window(B=2, T=4)
-    out = model.rollout(ids, steps=3, end_ids=[END])
+    out = model.rollout(ids, 3, GenerationConfig(end_ids=[END]))
     assert out.shape == (2, 3, 5)
     # Step by step by hand: the window is always rewritten onto positions 0..T-1.
     window = ids.clone()
     for step in range(3):
-        state = model.decode_state(model(window)[:, :, -1], end_ids=[END])
+        state = model.decode_state(model(window)[:, :, -1], GenerationConfig(end_ids=[END]))
         assert torch.equal(out[:, step], state)
         window = torch.cat([window[:, 1:], state[:, None]], dim=1)
 

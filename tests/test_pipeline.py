@@ -15,9 +15,9 @@ from pipeline import rollout as rollout_module
 from pipeline.config import FrameSampling, ModelChoice
 from pipeline.rollout import RolloutError, main, run_rollout
 from tests.model_factories import make_tiny_blip, make_tiny_sd, one_torch_thread, write_test_clip
-from world_model.models.decoding import GenerationConfig
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.four_tensor_config import FourTensorConfig
+from world_model.models.generation_config import GenerationConfig
 from world_model.text.vocab import Vocabulary, same_sentence
 from world_model.text.windows import as_state_sentence, caption_window
 

@@ -10,7 +10,7 @@ from pipeline import rollout as rollout_module
 from pipeline.config import MAX_FRAMES, ModelChoice
 from pipeline.rollout import MAX_SAMPLES, MAX_STEPS, main, run_rollout
 from tests.model_factories import one_torch_thread
-from world_model.models.decoding import MAX_SEED, GenerationConfig
+from world_model.models.generation_config import MAX_SEED, GenerationConfig
 
 
 def model_args(parts):

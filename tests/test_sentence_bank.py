@@ -24,6 +24,7 @@ from world_model.generation.sentence_bank import (
 from world_model.models.decoding import slot_log_likelihood, write_known_sentences
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.four_tensor_config import FourTensorConfig
+from world_model.models.generation_config import GenerationConfig
 from world_model.text.vocab import Vocabulary
 
 STORY = [
@@ -79,7 +80,7 @@ DRAW = [{"he": 0.55, "tom": 0.45}, {"was": 0.9}, {"happy": 0.45, "full": 0.55}, 
 def test_bank_picks_the_likeliest_whole_sentence_where_the_slot_readout_mixes_two():
     model = model_preferring(DRAW)
     bank = bank_of("he was happy.", "tom was full.", "he went to the kitchen.")
-    tokens = model.rollout(window_of("Tom was hungry."), 1, end_ids=VOCAB.end_ids)
+    tokens = model.rollout(window_of("Tom was hungry."), 1, GenerationConfig(end_ids=VOCAB.end_ids))
     assert decoded(tokens) == ["he was full."]
     # By hand: he/happy .55 * .45 against tom/full .45 * .55, a tie; "he" comes first in slot 0 but "full"
     # wins slot 2. Tip it: "tom was full." at .45 * .6 beats "he was happy." at .55 * .4.
@@ -245,7 +246,7 @@ def test_the_video_rollout_reads_a_predictor_bank_by_default(tmp_path):
     from pipeline.config import ModelChoice
     from pipeline.rollout import run_rollout
     from tests.model_factories import make_tiny_blip, make_tiny_sd, one_torch_thread, write_test_clip
-    from world_model.models.decoding import GenerationConfig
+    from world_model.models.generation_config import GenerationConfig
 
     bank = ["a red square moves to the right.", "the square stops at the wall."]
     with one_torch_thread():

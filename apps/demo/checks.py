@@ -10,7 +10,7 @@ import gradio as gr
 
 from apps.demo.config import MAX_STEPS, DemoConfig
 from encoders.frames import VideoError, VideoInfo, probe_video
-from world_model.models.decoding import MAX_SEED
+from world_model.models.generation_config import MAX_SEED
 
 EMPTY_MESSAGE = "Upload a clip or pick an example first."
 FAILED_MESSAGE = "**The rollout failed**: the error box (top right) says why. Nothing was kept from this run."

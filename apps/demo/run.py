@@ -17,7 +17,7 @@ from pipeline.config import FrameSampling, ModelChoice
 from pipeline.presets import PresetError
 from pipeline.rollout import RolloutError, RolloutResult, run_rollout
 from world_model.models.checkpoint import CheckpointError
-from world_model.models.decoding import GenerationConfig
+from world_model.models.generation_config import GenerationConfig
 
 logger = logging.getLogger(__name__)
 KNOWN_ERRORS = (RolloutError, PresetError, VideoError, CheckpointError, ValueError, OSError)

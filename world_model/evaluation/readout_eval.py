@@ -42,6 +42,7 @@ from world_model.generation.sentence_bank import (
     find_names,
     load_bank,
 )
+from world_model.models.generation_config import GenerationConfig
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import PAD_ID, SENTENCE_END_TOKENS, Vocabulary, tokenize
 
@@ -89,7 +90,7 @@ def predict(
         for start in range(0, len(windows), batch):
             w = windows[start : start + batch]
             if readout["kind"] == "tokens":
-                out.append(model.rollout(w, steps, end_ids=vocab.end_ids))
+                out.append(model.rollout(w, steps, GenerationConfig(end_ids=vocab.end_ids)))
             else:
                 options = {k: readout[k] for k in ("names", "guard", "length_power")}
                 out.append(bank_rollout(model, w, steps, bank, **options))

@@ -20,11 +20,9 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 from world_model.generation.sentence_bank import resolve_readout
 from world_model.models.checkpoint import CheckpointError
-from world_model.models.decoding import GENERATION_READOUTS
+from world_model.models.generation_config import READOUT_CHOICES, GenerationConfig
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import tokenize
 from world_model.text.windows import caption_window, decode_states
@@ -57,10 +55,13 @@ def predict(
         for i, n in enumerate((len(tokenize(s)) for s in sentences), 1)
         if n > c.n_tokens
     ]
-    generator = torch.Generator().manual_seed(seed)
+    generation = GenerationConfig(
+        temperature=temperature, top_k=top_k, end_ids=vocab.end_ids, samples=samples, seed=seed, readout=readout
+    )
+    generator = generation.generator()
     futures = []
-    for _ in range(samples if temperature > 0 else 1):
-        ids = chosen.rollout(model, window.token_ids, steps, vocab.end_ids, temperature, top_k, generator)[0]
+    for _ in range(generation.futures):
+        ids = chosen.rollout(model, window.token_ids, steps, generation, generator)[0]
         futures.append(decode_states(ids, vocab))
     return {
         "checkpoint": str(checkpoint),
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--readout",
-        choices=GENERATION_READOUTS,
+        choices=READOUT_CHOICES,
         default="auto",
         help="sentences: one of the checkpoint's known sentences per step; bank: one of its sentence "
         "bank's; tokens: read tokens off freely (the paper's per-slot readout); auto (default): "

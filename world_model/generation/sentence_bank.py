@@ -35,7 +35,8 @@ from typing import Sequence
 import torch
 
 from world_model.models.checkpoint import resolve_folder
-from world_model.models.decoding import GENERATION_READOUTS, KNOWN_SENTENCES_NAME, choose_candidates
+from world_model.models.decoding import KNOWN_SENTENCES_NAME, choose_candidates
+from world_model.models.generation_config import READOUT_CHOICES, GenerationConfig
 from world_model.text.vocab import PAD_ID, UNK_ID, UnknownWordError, Vocabulary, tokenize
 
 BANK_NAME = "sentence_bank.json.gz"  # in a predictor folder: {"sentences": [...], "names": [...], "source": ...}
@@ -328,27 +329,13 @@ class Readout:
         return f"sentences ({count} known)" if self.kind == "sentences" else f"bank ({count} sentences)"
 
     def rollout(
-        self,
-        model,
-        window: torch.Tensor,
-        steps: int,
-        end_ids: Sequence[int],
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        generator: torch.Generator | None = None,
+        self, model, window: torch.Tensor, steps: int, generation: GenerationConfig, generator: torch.Generator | None
     ) -> torch.Tensor:
-        """Predicted states (B, steps, N) of windows (B, T, N); `end_ids` end a sentence of the tokens readout."""
+        """Predicted states (B, steps, N) of windows (B, T, N); `generation.end_ids` end a sentence of the tokens
+        readout, its temperature and top_k apply to every readout."""
         if self.kind == "bank":
-            return bank_rollout(model, window, steps, self.bank, temperature, top_k, generator)
-        return model.rollout(
-            window,
-            steps,
-            end_ids=end_ids,
-            temperature=temperature,
-            top_k=top_k,
-            generator=generator,
-            candidates=self.known,
-        )
+            return bank_rollout(model, window, steps, self.bank, generation.temperature, generation.top_k, generator)
+        return model.rollout(window, steps, generation, generator, candidates=self.known)
 
 
 def resolve_readout(
@@ -356,8 +343,8 @@ def resolve_readout(
 ) -> Readout:
     """The readout a predictor folder gets: `auto` takes its known sentences, else its sentence bank, else
     tokens; `sentences` and `bank` require the file; `tokens` reads tokens off freely."""
-    if readout not in GENERATION_READOUTS:
-        raise ValueError(f"readout must be one of {', '.join(GENERATION_READOUTS)}, got {readout!r}")
+    if readout not in READOUT_CHOICES:
+        raise ValueError(f"readout must be one of {', '.join(READOUT_CHOICES)}, got {readout!r}")
     if readout == "tokens":
         return Readout("tokens")
     if readout == "sentences" or (readout == "auto" and known is not None):

@@ -53,6 +53,7 @@ from world_model.models.baseline_generation import BaselineGeneration
 from world_model.models.checkpoint import PretrainedMixin
 from world_model.models.four_tensor import StepStats
 from world_model.models.four_tensor_layers import sinusoidal_embedding
+from world_model.models.generation_config import after_first
 from world_model.models.inputs import INT_DTYPES, check_example, check_window
 
 
@@ -98,9 +99,7 @@ def aligned_correct(tokens: torch.Tensor, gold: torch.Tensor, content: torch.Ten
     Position k counts only if the model emitted gold[k] there and had not emitted [EOS] before k:
     greedy evaluation stops at [EOS], so whatever the free run produced after it is not in the string.
     """
-    is_eos = tokens == eos_id
-    eos_before = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0
-    return (tokens == gold) & content & ~eos_before
+    return (tokens == gold) & content & ~after_first(tokens == eos_id)
 
 
 class CausalSelfAttention(nn.Module):

@@ -7,13 +7,15 @@ Shapes: B windows, T' <= T sentences in a window, N token slots, C candidates, G
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from world_model.models.decoding import check_candidates, choose_candidates
-from world_model.models.kv_cache import CachedDecoding, greedy
+from world_model.models.generation_config import GREEDY, GenerationConfig, after_first, sample_ids
+from world_model.models.kv_cache import CachedDecoding
 
 
 class BaselineGeneration(CachedDecoding):
@@ -114,29 +116,17 @@ class BaselineGeneration(CachedDecoding):
 
     # ----- generation -----
     def picker(
-        self,
-        banned_ids=(),
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        generator: torch.Generator | None = None,
+        self, generation: GenerationConfig = GREEDY, generator: torch.Generator | None = None
     ) -> Callable[[torch.Tensor], torch.Tensor]:
-        """Token choice on logits (B, V): greedy argmax at temperature 0 (the free-running objective's rule),
-        else a sample from softmax(logits / temperature), within the top_k ids if given. `banned_ids` are
-        never chosen."""
-        if not banned_ids and temperature <= 0:
-            return greedy
+        """Token choice on logits (B, V) by `sample_ids` (greedy argmax at temperature 0, the free-running
+        objective's rule); `generation.banned_ids` are never chosen."""
+        banned = list(generation.banned_ids)
 
         def pick(logits: torch.Tensor) -> torch.Tensor:
-            logits = logits.float().clone()
-            if banned_ids:
-                logits[:, list(banned_ids)] = float("-inf")
-            if temperature <= 0:
-                return logits.argmax(dim=-1)
-            logits = logits / temperature
-            if top_k is not None:
-                kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)[:, 0]
+            if banned:
+                logits = logits.float().clone()
+                logits[:, banned] = float("-inf")
+            return sample_ids(logits, generation.temperature, generation.top_k, generator)
 
         return pick
 
@@ -144,65 +134,70 @@ class BaselineGeneration(CachedDecoding):
     def generate(
         self,
         token_ids: torch.Tensor,
-        end_ids: list[int] | tuple[int, ...] = (),
-        banned_ids: list[int] | tuple[int, ...] = (),
-        temperature: float = 0.0,
-        top_k: int | None = None,
+        generation: GenerationConfig = GREEDY,
         generator: torch.Generator | None = None,
-        use_cache: bool = True,
         candidates: torch.Tensor | None = None,
+        use_cache: bool = True,
     ) -> torch.Tensor:
         """The next sentence from the prefix alone: window (B, T', N) -> content ids (B, N), right-padded.
 
-        A row stops at [EOS] (not stored), after N content tokens, or after storing one of `end_ids`.
-        Greedy decoding takes the argmax over the whole table, as the free-running objective does, so its
-        accuracy against gold S(T) is `last_correct` of `training_step`; pass `banned_ids` to exclude ids
-        such as padding or [BOS] (which `rollout` bans, to keep its windows in the content vocabulary).
+        A row stops at [EOS] (not stored), after N content tokens, or after storing one of
+        `generation.end_ids`. Greedy decoding takes the argmax over the whole table, as the free-running
+        objective does, so its accuracy against gold S(T) is `last_correct` of `training_step`; put ids such
+        as padding or [BOS] (which `rollout` bans, to keep its windows in the content vocabulary) in
+        `generation.banned_ids` to exclude them.
 
-        Closed-set readout. With `candidates` (C, N), the known sentences (`world_model.models.decoding`), each row
-        returns one candidate row as given: the one of highest `score_sentences` log-likelihood at temperature
-        0, else a sample from softmax(score / temperature) (top_k then counts candidates; `generator` makes it
-        reproducible). `end_ids`, `banned_ids` and `use_cache` do not apply then: no token is chosen freely.
+        Closed-set readout. With `candidates` (C, N), the known sentences (`world_model.models.decoding`), each
+        row returns one candidate row as given: the one of highest `score_sentences` log-likelihood at
+        temperature 0, else a sample from softmax(score / temperature) (top_k then counts candidates;
+        `generator` makes it reproducible). end_ids, banned_ids and `use_cache` do not apply then: no token is
+        chosen freely.
         """
         c = self.config
         if candidates is not None:
             scores = self.score_sentences(token_ids, candidates)  # (B, C); checks both inputs
             candidates = candidates.to(token_ids.device).long()
-            return choose_candidates(scores, candidates, temperature, top_k, generator)
+            return choose_candidates(scores, candidates, generation.temperature, generation.top_k, generator)
         self.check_window(token_ids)
         prefix, prefix_len = self.pack_prefix(token_ids)
-        stop_ids = torch.tensor([c.eos_id, *end_ids], device=token_ids.device)
+        stop_ids = torch.tensor([c.eos_id, *generation.end_ids], device=token_ids.device)
         _, tokens = self.decode(  # (B, K), K <= N
             prefix,
             prefix_len,
             c.n_tokens,
-            self.picker(banned_ids, temperature, top_k, generator),
+            self.picker(generation, generator),
             done=lambda t: bool(torch.isin(t, stop_ids).any(dim=1).all()),
             use_cache=use_cache,
         )
-        is_stop = torch.isin(tokens, stop_ids).long()
-        stopped_before = (is_stop.cumsum(dim=1) - is_stop) > 0
+        stopped_before = after_first(torch.isin(tokens, stop_ids))
         out = tokens.masked_fill(stopped_before | (tokens == c.eos_id), c.padding_idx)
         return F.pad(out, (0, c.n_tokens - out.shape[1]), value=c.padding_idx)
 
     @torch.no_grad()
-    def rollout(self, token_ids: torch.Tensor, steps: int, **decoding) -> torch.Tensor:
+    def rollout(
+        self,
+        token_ids: torch.Tensor,
+        steps: int,
+        generation: GenerationConfig = GREEDY,
+        generator: torch.Generator | None = None,
+        candidates: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Predict `steps` future sentences from a window (B, T', N) -> (B, steps, N).
 
         Each prediction is appended to the window, which keeps its last T sentences and is packed again;
-        `decoding` goes to `generate`, with padding and [BOS] added to the banned ids: neither is content,
-        and a padding id inside a predicted state would read as a gap in the next window. With
-        `candidates=` (C, N) every predicted state is one of its rows (closed-set readout, see `generate`;
-        the banned ids are then unused).
+        decoding follows `generate`, with padding and [BOS] added to the banned ids: neither is content, and a
+        padding id inside a predicted state would read as a gap in the next window. With `candidates` (C, N)
+        every predicted state is one of its rows (closed-set readout, see `generate`; the banned ids are then
+        unused).
         """
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
         self.check_window(token_ids)
         c = self.config
-        decoding["banned_ids"] = (*decoding.get("banned_ids", ()), c.padding_idx, c.bos_id)
+        generation = replace(generation, banned_ids=(*generation.banned_ids, c.padding_idx, c.bos_id))
         window, predicted = token_ids.long(), []
         for _ in range(steps):
-            state = self.generate(window, **decoding)
+            state = self.generate(window, generation, generator, candidates)
             predicted.append(state)
-            window = torch.cat([window, state[:, None]], dim=1)[:, -self.config.n_states :]
+            window = torch.cat([window, state[:, None]], dim=1)[:, -c.n_states :]
         return torch.stack(predicted, dim=1)

@@ -13,79 +13,17 @@ synthetic-world data) offers it; the pipeline then uses the closed-set readout u
 
 from __future__ import annotations
 
-import math
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
 import torch
 
-from world_model.models.precision import PRECISIONS, check_precision
+from world_model.models.generation_config import sample_ids
 from world_model.text.vocab import UnknownWordError, Vocabulary, tokenize
 
 KNOWN_SENTENCES_NAME = "known_sentences.txt"  # in a predictor folder: one known sentence per line
 READOUTS = ("auto", "sentences", "tokens")  # how a predictor reads its next sentence off (`readout_candidates`)
-GENERATION_READOUTS = (
-    "auto",
-    "sentences",
-    "bank",
-    "tokens",
-)  # the same, with a sentence bank (generation.sentence_bank)
-MAX_SEED = 2**32 - 1
-
-
-@dataclass
-class GenerationConfig:
-    """How a predictor's next sentences are drawn, for every model and command.
-
-    Greedy when `temperature` is 0 (then one sample is all there is); else `samples` alternative futures, each token
-    (or known sentence) drawn at `temperature` among the `top_k` likeliest, from a generator seeded with `seed`.
-    `readout`: sentences (one of the predictor's known sentences), bank (one of its sentence bank's), tokens (read
-    off freely; the paper's per-slot readout for the 4-tensor model) or auto (known sentences, else the bank, else
-    tokens). `precision` bf16 runs the predictor's matrix products under bf16 autocast (`world_model.models.precision`).
-    Every field is also a flag (`transformers.HfArgumentParser`)."""
-
-    _argument_group_name = "generation"
-    samples: int = field(default=1, metadata={"help": "alternative futures (needs --temperature > 0)"})
-    temperature: float = field(default=0.0, metadata={"help": "0 = greedy (default)"})
-    top_k: int | None = field(default=None, metadata={"help": "sample only among the k likeliest words or sentences"})
-    seed: int = field(default=0, metadata={"help": "seed for sampling (and for rendering, in the video rollout)"})
-    precision: str = field(
-        default="fp32",
-        metadata={"choices": PRECISIONS, "help": "the predictor's arithmetic: fp32 (default) or bf16 autocast"},
-    )
-    readout: str = field(
-        default="auto",
-        metadata={
-            "choices": GENERATION_READOUTS,
-            "help": "sentences: pick each state from the predictor's known sentences; bank: from its sentence bank; "
-            "tokens: read tokens off freely (the paper's per-slot readout); auto (default): known sentences, else "
-            "the bank, else tokens",
-        },
-    )
-
-    def __post_init__(self) -> None:
-        if self.samples < 1:
-            raise ValueError(f"--samples must be at least 1, got {self.samples}")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"--temperature must be 0 (greedy) or positive, got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"--top-k must be at least 1, got {self.top_k}")
-        if not 0 <= self.seed <= MAX_SEED:
-            raise ValueError(f"--seed must be between 0 and {MAX_SEED}, got {self.seed}")
-        check_precision(self.precision)
-        if self.readout not in GENERATION_READOUTS:
-            raise ValueError(f"--readout must be one of {', '.join(GENERATION_READOUTS)}, got {self.readout!r}")
-
-    @property
-    def futures(self) -> int:
-        """Samples actually drawn: `samples`, or 1 when greedy."""
-        return self.samples if self.temperature > 0 else 1
-
-    def generator(self) -> torch.Generator:
-        """A CPU generator seeded with `seed`: the same seed draws the same futures."""
-        return torch.Generator(device="cpu").manual_seed(self.seed)
 
 
 def check_candidates(candidates: torch.Tensor, n_tokens: int, padding_idx: int, vocab_size: int) -> None:
@@ -124,16 +62,10 @@ def choose_candidates(
 ) -> torch.Tensor:
     """One candidate per row: scores (B, C) log-likelihoods, candidates (C, N) -> token ids (B, N).
 
-    temperature 0 takes the highest score; temperature > 0 samples from softmax(scores / temperature),
-    restricted to the top_k candidates when top_k is given, using `generator` for reproducible futures.
+    The choice follows `sample_ids`: the highest score at temperature 0, else a draw from
+    softmax(scores / temperature) within the top_k candidates, using `generator` for reproducible futures.
     """
-    if temperature <= 0:
-        return candidates[scores.argmax(dim=-1)]
-    scores = scores.float() / temperature
-    if top_k is not None:
-        kth = scores.topk(min(top_k, scores.shape[-1]), dim=-1).values[..., -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    choice = torch.multinomial(scores.softmax(dim=-1), 1, generator=generator)[:, 0]
+    choice = sample_ids(scores, temperature, top_k, generator)  # (B,)
     return candidates[choice.to(candidates.device)]
 
 

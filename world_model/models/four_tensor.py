@@ -24,6 +24,7 @@ from world_model.models.copy_path import CopyPath
 from world_model.models.decoding import check_candidates, choose_candidates, slot_log_likelihood
 from world_model.models.four_tensor_config import FourTensorConfig
 from world_model.models.four_tensor_layers import FourTensorLayer, InputConstruction
+from world_model.models.generation_config import GREEDY, GenerationConfig, after_first, sample_ids
 from world_model.models.inputs import check_example, check_window
 from world_model.models.kernels import linear_cross_entropy, linear_mixture_cross_entropy
 
@@ -197,10 +198,7 @@ class FourTensorModel(PretrainedMixin, nn.Module):
     def decode_state(
         self,
         logits: torch.Tensor,
-        end_ids: list[int] | tuple[int, ...] = (),
-        banned_ids: list[int] | tuple[int, ...] = (),
-        temperature: float = 0.0,
-        top_k: int | None = None,
+        generation: GenerationConfig = GREEDY,
         generator: torch.Generator | None = None,
         candidates: torch.Tensor | None = None,
     ) -> torch.Tensor:
@@ -209,43 +207,34 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         Length rule. Padding is never a training target (it is dropped by the ignore index) and its logit
         is fixed at 0 by the zero padding row, so it carries no information about where a sentence ends.
         The padding column, the unknown word (its logit is pinned at 0 the same way) and any id in
-        `banned_ids` are therefore excluded;
-        every slot gets a content token, and the sentence ends at the first slot whose token is one of
-        `end_ids` (the sentence-final punctuation the corpus ends its sentences with). Slots after it are
-        padding. With no end token the sentence fills all N slots.
+        `generation.banned_ids` are therefore excluded; every slot gets a content token, and the sentence
+        ends at the first slot whose token is one of `generation.end_ids` (the sentence-final punctuation the
+        corpus ends its sentences with). Slots after it are padding. With no end token the sentence fills all
+        N slots.
 
-        temperature 0 is greedy argmax; temperature > 0 samples from softmax(logits / temperature),
-        restricted to the top_k ids when top_k is given, using `generator` for reproducible futures.
+        Each slot's token follows `sample_ids` (greedy at temperature 0, else a draw within the top_k ids, from
+        `generator` for reproducible futures).
 
         Closed-set readout. With `candidates` (C, N), the known sentences (`world_model.models.decoding`), the
         sentence is one of them instead: each is scored by the summed log-probability of its content slots
         under the per-slot distributions (the excluded ids removed), and the highest score is taken, or one
-        is sampled from softmax(score / temperature) (top_k then counts candidates). `end_ids` is not used.
+        is sampled from softmax(score / temperature) (top_k then counts candidates). end_ids is not used.
         """
+        c = self.config
         logits = logits.float().clone()
-        excluded = [self.config.padding_idx, *banned_ids]
-        if self.config.unknown_idx is not None:
-            excluded.append(self.config.unknown_idx)
+        excluded = [c.padding_idx, *generation.banned_ids]
+        if c.unknown_idx is not None:
+            excluded.append(c.unknown_idx)
         logits[..., excluded] = float("-inf")
         if candidates is not None:
-            c = self.config
             check_candidates(candidates, c.n_tokens, c.padding_idx, c.vocab_size)
             candidates = candidates.to(logits.device).long()
             scores = slot_log_likelihood(logits.log_softmax(dim=-1), candidates, c.padding_idx)  # (B, C)
-            return choose_candidates(scores, candidates, temperature, top_k, generator)
-        if temperature <= 0:
-            ids = logits.argmax(dim=-1)
-        else:
-            logits = logits / temperature
-            if top_k is not None:
-                kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            probs = logits.softmax(dim=-1)
-            ids = torch.multinomial(probs.view(-1, probs.shape[-1]), 1, generator=generator).view(probs.shape[:-1])
-        if end_ids:
-            is_end = torch.isin(ids, torch.tensor(list(end_ids), device=ids.device))
-            ended_before = (is_end.cumsum(dim=-1) - is_end.long()) > 0  # a slot after the first end token
-            ids = ids.masked_fill(ended_before, self.config.padding_idx)
+            return choose_candidates(scores, candidates, generation.temperature, generation.top_k, generator)
+        ids = sample_ids(logits, generation.temperature, generation.top_k, generator)  # (B, N)
+        if generation.end_ids:
+            is_end = torch.isin(ids, torch.tensor(generation.end_ids, device=ids.device))
+            ids = ids.masked_fill(after_first(is_end), c.padding_idx)
         return ids
 
     @torch.no_grad()
@@ -253,19 +242,16 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         self,
         token_ids: torch.Tensor,
         steps: int,
-        end_ids: list[int] | tuple[int, ...] = (),
-        banned_ids: list[int] | tuple[int, ...] = (),
-        temperature: float = 0.0,
-        top_k: int | None = None,
+        generation: GenerationConfig = GREEDY,
         generator: torch.Generator | None = None,
         candidates: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Predict `steps` future sentences from a window (B, T, N) -> (B, steps, N).
 
         Each step reads the next sentence off the last slice, appends the prediction, drops the oldest
-        sentence once the window holds T, and writes the new window again onto positions 0..T-1 (the temporal embedding is
-        recomputed from those positions, section 2.3). Decoding follows `decode_state` (with `candidates`, every
-        predicted sentence is one of them).
+        sentence once the window holds T, and writes the new window again onto positions 0..T-1 (the temporal
+        embedding is recomputed from those positions, section 2.3). Decoding follows `decode_state` (with
+        `candidates`, every predicted sentence is one of them).
         """
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
@@ -274,7 +260,7 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         predicted = []
         for _ in range(steps):
             logits = self.last_slice_logits(window)  # (B, N, V)
-            state = self.decode_state(logits, end_ids, banned_ids, temperature, top_k, generator, candidates)
+            state = self.decode_state(logits, generation, generator, candidates)
             predicted.append(state)
             window = torch.cat([window, state[:, None]], dim=1)[:, -self.config.n_states :]
         return torch.stack(predicted, dim=1)

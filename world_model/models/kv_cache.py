@@ -12,6 +12,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from world_model.models.generation_config import sample_ids
+
 
 class KVCache:
     """The cached per-token quantities of every layer for right-padded prefixes plus the tokens fed after them.
@@ -33,10 +35,6 @@ class KVCache:
         """A new cache of the given rows (R,) of this one (repeats allowed), e.g. one copy per candidate."""
         kv = [tuple(t[rows] for t in layer) for layer in self.kv]  # every cached tensor is batch-first
         return KVCache(kv, self.live[rows], self.next_pos[rows])
-
-
-def greedy(logits: torch.Tensor) -> torch.Tensor:
-    return logits.argmax(dim=-1)
 
 
 class CachedDecoding:
@@ -94,7 +92,7 @@ class CachedDecoding:
         prefix: torch.Tensor,
         prefix_len: torch.Tensor,
         steps: int,
-        pick: Callable[[torch.Tensor], torch.Tensor] = greedy,
+        pick: Callable[[torch.Tensor], torch.Tensor] = sample_ids,
         done: Callable[[torch.Tensor], bool] | None = None,
         use_cache: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from world_model.data.rocstories import CLOZE_PATTERN, EXPECTED_FILES, TRAIN_PATTERN, DataError
+from world_model.models.generation_config import GenerationConfig
 from world_model.text.vocab import PAD_ID, Vocabulary, same_sentence
 from world_model.text.windows import caption_window, decode_states
 
@@ -236,11 +237,12 @@ def predict_ahead(
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
+    generation = GenerationConfig(end_ids=vocab.end_ids)
     predictions = []
     try:
         for start in range(0, len(windows), batch_size):
             ids = model.rollout(
-                windows[start : start + batch_size].to(device), steps, end_ids=vocab.end_ids, candidates=candidates
+                windows[start : start + batch_size].to(device), steps, generation, candidates=candidates
             )  # (b, steps, N)
             predictions += [decode_states(rows, vocab) for rows in ids.cpu()]
     finally:
