@@ -30,7 +30,7 @@ from world_model.training.checkpoints import (
     flatten_optimizer_state,
     unflatten_optimizer_state,
 )
-from world_model.training.config import ConfigError, load_config, validate_config
+from world_model.training.config import ConfigError, TrainingConfig, load_config, validate_config
 from world_model.training.loop import best_epoch_index, should_stop, stop_reason
 from world_model.training.train import train
 
@@ -361,6 +361,9 @@ def test_bad_config_and_data_fail_before_training(data_dir, tmp_path, capsys):
     with pytest.raises(ConfigError, match="dropout"):
         validate_config({"model": {"dropout": 2.0}})
     assert validate_config({"training": {"lr": "3e-4"}})["training"]["lr"] == 3e-4  # PyYAML reads 3e-4 as a string
+    with pytest.raises(ConfigError, match="training.precision must be 'fp32' or 'bf16', got 'fp16'"):
+        TrainingConfig(precision="fp16")
+    assert TrainingConfig.from_dict({"lr": 1}).to_dict() == validate_config({"training": {"lr": 1}})["training"]
     no_val = make_data(tmp_path / "noval")
     for name in (VAL_NAME, TEST_NAME):
         (no_val / name).unlink()

@@ -28,7 +28,7 @@ from torch import nn
 
 from world_model.models.checkpoint import CheckpointError, check_state_dict, read_state_dict
 from world_model.text.vocab import Vocabulary
-from world_model.training.config import ConfigError, validate_config
+from world_model.training.config import ConfigError, TrainingConfig, validate_config
 from world_model.training.schedule import schedule_follows_max_epochs
 from world_model.utils.files import replace_dir, write_json_atomic
 
@@ -201,7 +201,8 @@ def check_run_folder(out: Path, run_record: dict, resume: bool) -> Path | None:
         saved["config"] = validate_config(saved["config"], source=f"{out / RUN_FILE}")
     except ConfigError as err:
         raise TrainingError(f"--resume: {err}") from err
-    may_change = () if schedule_follows_max_epochs(run_record["config"]["training"]) else RESUME_MAY_CHANGE
+    requested = TrainingConfig.from_dict(run_record["config"]["training"])
+    may_change = () if schedule_follows_max_epochs(requested) else RESUME_MAY_CHANGE
     skip = tuple(f"config.{k}:" for k in may_change)
     diffs = [d for d in config_differences(saved, run_record) if not d.startswith(skip)]
     if diffs:

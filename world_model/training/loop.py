@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 from world_model.evaluation.evaluate import evaluation_sums, metrics_from_sums
 from world_model.models.precision import autocast
 from world_model.training.batches import EpochOrderSampler, ProcessBatches, WindowDataset, derived_seed, stack_batch
+from world_model.training.config import TrainingConfig
 from world_model.training.schedule import learning_rate
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ class Trainer:
     validation windows (V / num_processes, T+1, N)."""
 
     accelerator: Accelerator
-    config: dict
+    config: TrainingConfig
     step_module: nn.Module
     optimizer: torch.optim.Optimizer
     sampler: EpochOrderSampler
@@ -140,15 +141,15 @@ class Trainer:
 def prepare(
     accelerator: Accelerator,
     model: nn.Module,
-    config: dict,
+    config: TrainingConfig,
     train_windows: torch.Tensor,
     val_windows: torch.Tensor,
 ) -> Trainer:
     """AdamW on `model`, and the batches of this process (sharded here, not by accelerator.prepare: see
     ProcessBatches; batches are moved to the device in `run_epoch`)."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"], weight_decay=config["weight_decay"])
-    sampler = EpochOrderSampler(len(train_windows), config["seed"])
-    batches = ProcessBatches(sampler, config["batch_size"], accelerator.num_processes, accelerator.process_index)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    sampler = EpochOrderSampler(len(train_windows), config.seed)
+    batches = ProcessBatches(sampler, config.batch_size, accelerator.num_processes, accelerator.process_index)
     loader = DataLoader(WindowDataset(train_windows), collate_fn=stack_batch, batch_sampler=batches)
     step_module, optimizer = accelerator.prepare(StepModule(model), optimizer)
     val_shard = val_windows[accelerator.process_index :: accelerator.num_processes]
@@ -163,7 +164,7 @@ def optimizer_step(trainer: Trainer, batch: torch.Tensor, live: bool):
     its share of the step's target tokens makes that average the gradient of the mean over all of them, as one
     process with the whole step's windows would compute (shares may differ in tokens or size)."""
     accelerator, n_proc = trainer.accelerator, trainer.accelerator.num_processes
-    with autocast(trainer.config["precision"], accelerator.device):
+    with autocast(trainer.config.precision, accelerator.device):
         stats = trainer.step_module(batch)
     loss = stats.loss
     if n_proc > 1:
@@ -182,7 +183,7 @@ def train_epoch(trainer: Trainer, epoch: int, progress: bool) -> float:
     from accelerate.utils import set_seed
 
     accelerator, config, loader = trainer.accelerator, trainer.config, trainer.loader
-    set_seed(derived_seed("epoch", config["seed"], epoch), device_specific=True)  # the dropout stream of this epoch
+    set_seed(derived_seed("epoch", config.seed, epoch), device_specific=True)  # the dropout stream of this epoch
     trainer.sampler.epoch = epoch
     trainer.step_module.train()
     sums = torch.zeros(2, dtype=torch.float64, device=accelerator.device)  # (window CE sum, window tokens)
@@ -190,7 +191,7 @@ def train_epoch(trainer: Trainer, epoch: int, progress: bool) -> float:
     if progress and accelerator.is_main_process:
         from tqdm.auto import tqdm
 
-        bar = tqdm(loader, desc=f"epoch {epoch}/{config['max_epochs']}", leave=False, dynamic_ncols=True)
+        bar = tqdm(loader, desc=f"epoch {epoch}/{config.max_epochs}", leave=False, dynamic_ncols=True)
     for step, batch in enumerate(bar):
         for group in trainer.optimizer.param_groups:
             group["lr"] = learning_rate(config, (epoch - 1) * len(loader) + step, len(loader))
@@ -211,7 +212,7 @@ def validate(trainer: Trainer) -> dict[str, float]:
     validation windows of all processes."""
     config, accelerator = trainer.config, trainer.accelerator
     sums = evaluation_sums(
-        trainer.model, trainer.val_shard, config["eval_batch_size"], accelerator.device, config["precision"]
+        trainer.model, trainer.val_shard, config.eval_batch_size, accelerator.device, config.precision
     )
     return metrics_from_sums(accelerator.reduce(sums, reduction="sum"))
 

@@ -1,9 +1,11 @@
-"""Learning-rate schedules: the warm-up + cosine of the predictor's trainer and of the offline pack's trainers
-(captioner and renderer)."""
+"""Learning-rate schedules: the warm-up + cosine of the predictor's trainer (`learning_rate`) and of the offline
+pack's trainers (captioner and renderer, `warmup_cosine`)."""
 
 from __future__ import annotations
 
 import math
+
+from world_model.training.config import TrainingConfig
 
 
 def warmup_cosine(peak_lr: float, step: int, progress: float, warmup_steps: int, final_fraction: float = 0.1) -> float:
@@ -14,16 +16,15 @@ def warmup_cosine(peak_lr: float, step: int, progress: float, warmup_steps: int,
     return peak_lr * warmup * (final_fraction + (1 - final_fraction) * cosine)
 
 
-def schedule_follows_max_epochs(training: dict) -> bool:
+def schedule_follows_max_epochs(config: TrainingConfig) -> bool:
     """True when the learning-rate schedule's length is max_epochs (so a resume must keep max_epochs)."""
-    return training["lr_schedule"] == "warmup_cosine" and training["schedule_epochs"] == 0
+    return config.lr_schedule == "warmup_cosine" and config.schedule_epochs == 0
 
 
-def learning_rate(training: dict, step: int, steps_per_epoch: int) -> float:
-    """The rate of optimizer step `step` (0-based over the whole run) under the config's schedule."""
-    if training["lr_schedule"] == "constant":
-        return training["lr"]
-    horizon = (training["schedule_epochs"] or training["max_epochs"]) * steps_per_epoch
-    return warmup_cosine(
-        training["lr"], step, step / max(horizon, 1), training["warmup_steps"], training["final_lr_fraction"]
-    )
+def learning_rate(config: TrainingConfig, step: int, steps_per_epoch: int) -> float:
+    """The rate of optimizer step `step` (0-based over the whole run) under the config's schedule: lr, or
+    `warmup_cosine` over (schedule_epochs or max_epochs) x `steps_per_epoch` steps."""
+    if config.lr_schedule == "constant":
+        return config.lr
+    horizon = (config.schedule_epochs or config.max_epochs) * steps_per_epoch
+    return warmup_cosine(config.lr, step, step / max(horizon, 1), config.warmup_steps, config.final_lr_fraction)

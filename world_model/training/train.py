@@ -40,7 +40,7 @@ from world_model.text.vocab import Vocabulary
 from world_model.training import checkpoints
 from world_model.training.batches import load_training_windows
 from world_model.training.checkpoints import LAST_DIR, TIMING_KEYS, Resumed, TrainingError
-from world_model.training.config import ConfigError, load_config, validate_config
+from world_model.training.config import ConfigError, TrainingConfig, load_config, validate_config
 from world_model.training.loop import (
     Trainer,
     best_epoch_index,
@@ -176,7 +176,7 @@ def train_epochs(
     stopped. `wall_offset` is the training time of the epochs in `history`. On Ctrl-C or SIGTERM, say which epoch
     last/ holds and re-raise."""
     config, accelerator = trainer.config, trainer.accelerator
-    reason = stop_reason(history, config["max_epochs"], config["patience"], config["tolerance"])
+    reason = stop_reason(history, config.max_epochs, config.patience, config.tolerance)
     epoch = saved_epoch = history[-1]["epoch"] if history else 0
     wall_start = time.monotonic() - wall_offset
     try:
@@ -186,7 +186,7 @@ def train_epochs(
             history.append(record)
             best = best_epoch_index([h["val_window_loss"] for h in history])
             best_epoch = None if best is None else best + 1
-            reason = stop_reason(history, config["max_epochs"], config["patience"], config["tolerance"])
+            reason = stop_reason(history, config.max_epochs, config.patience, config.tolerance)
             if reason is None and over_time(accelerator, deadline):
                 reason = "time_budget"
             if accelerator.is_main_process:
@@ -236,7 +236,7 @@ def train(
     t_start = time.monotonic()
     config = resolved_config(config, max_epochs, seed, precision)
     check_budgets(train_subset, max_minutes)
-    tc, mc = config["training"], config["model"]
+    tc, mc = TrainingConfig.from_dict(config["training"]), config["model"]
     run_record = {"config": config, "train_subset": train_subset}
     out = Path(out_dir)
     state_dir = checkpoints.check_run_folder(out, run_record, resume)
@@ -249,9 +249,9 @@ def train(
     def say(*args) -> None:
         accelerator.print(*args, flush=True)
 
-    describe_data(data, train_subset, accelerator, tc["batch_size"], say)
+    describe_data(data, train_subset, accelerator, tc.batch_size, say)
     with deterministic_algorithms(), sigterm_as_interrupt():
-        set_seed(tc["seed"])
+        set_seed(tc.seed)
         model = build_model(mc, model_vocab_size(mc["type"], data.vocab))
         parameters = count_parameters(model)
         if resume and state_dir is None:
