@@ -22,17 +22,17 @@ from world_model.models.checkpoint import CheckpointError
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.registry import MODEL_TYPES, build_model, load_model, model_vocab_size
 from world_model.text.vocab import Vocabulary
+from world_model.training import loop
 from world_model.training import train as train_mod
-from world_model.training.config import ConfigError, load_config, validate_config
-from world_model.training.train import (
+from world_model.training.checkpoints import (
+    TIMING_KEYS,
     TrainingError,
-    best_epoch_index,
     flatten_optimizer_state,
-    should_stop,
-    stop_reason,
-    train,
     unflatten_optimizer_state,
 )
+from world_model.training.config import ConfigError, TrainingConfig, load_config, validate_config
+from world_model.training.loop import best_epoch_index, should_stop, stop_reason
+from world_model.training.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_NAME = "ROCStories__spring2016 - ROCStories_spring2016.csv"
@@ -42,6 +42,22 @@ TINY = {
     "model": {"type": "four_tensor", "d_x": 4, "d_t": 2, "n_heads": 1, "n_layers": 1, "dropout": 0.1},
     "training": {"batch_size": 8, "eval_batch_size": 4, "max_epochs": 4, "seed": 1},
 }
+# `python -c SLOW_TRAIN DELAY ARGS...`: the command line of world_model.training.train, sleeping DELAY seconds after
+# every optimizer step (so that a run can be interrupted mid-epoch).
+SLOW_TRAIN = """
+import sys, time
+from world_model.training import loop, train
+
+step = loop.optimizer_step
+
+def slow_step(*args, **kwargs):
+    stats = step(*args, **kwargs)
+    time.sleep(float(sys.argv[1]))
+    return stats
+
+loop.optimizer_step = slow_step
+sys.exit(train.main(sys.argv[2:]))
+"""
 EPOCH_KEYS = {
     "epoch",
     "train_loss",
@@ -87,7 +103,7 @@ def same_tensors(a: dict, b: dict) -> bool:
 
 
 def untimed(history):
-    return [{k: v for k, v in h.items() if k not in train_mod.TIMING_KEYS} for h in history]
+    return [{k: v for k, v in h.items() if k not in TIMING_KEYS} for h in history]
 
 
 def read_metrics(out: Path):
@@ -148,14 +164,14 @@ def test_should_stop_parameters_and_best_epoch():
 def test_loop_stops_by_the_rule_and_keeps_the_minimum(data_dir, tmp_path, monkeypatch):
     """Scripted validation losses: minimum at epoch 2, stop at epoch 7 (five epochs later), best/ = epoch 2."""
     scripted = iter([3.0, 2.0, 2.5, 1.99 * 1.02, 2.5, 2.5, 2.5, 2.5, 2.5])
-    real = train_mod.metrics_from_sums
+    real = loop.metrics_from_sums
 
     def fake(sums):
         metrics = real(sums)
         metrics["val_window_loss"] = next(scripted)
         return metrics
 
-    monkeypatch.setattr(train_mod, "metrics_from_sums", fake)
+    monkeypatch.setattr(loop, "metrics_from_sums", fake)
     summary = train(copy.deepcopy(TINY), data_dir, tmp_path / "out", max_epochs=20, train_subset=8, progress=False)
     assert (summary["stop_reason"], summary["best_epoch"], summary["last_epoch"]) == ("patience", 2, 7)
     assert json.loads((tmp_path / "out/best/config.json").read_text())["extra"]["epoch"] == 2
@@ -208,23 +224,15 @@ def test_resume_after_sigkill_is_bit_identical(reference, data_dir, tmp_path):
     config = tmp_path / "tiny.yaml"
     config.write_text(json.dumps(TINY))  # JSON is YAML
     out = tmp_path / "killed"
-    cmd = [
-        sys.executable,
-        "-m",
-        "world_model.training.train",
-        "--config",
-        str(config),
-        "--data",
-        str(data_dir),
-        "--out",
-        str(out),
-        "--no-progress",
-    ]
+    args = ["--config", str(config), "--data", str(data_dir), "--out", str(out), "--no-progress"]
     proc = subprocess.Popen(
-        cmd + ["--step-delay", "0.25"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [sys.executable, "-c", SLOW_TRAIN, "0.25", *args],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     state = out / "last/state.json"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 600  # a guard against a hang only: a loaded machine takes minutes
     try:
         while time.monotonic() < deadline:
             try:
@@ -235,14 +243,20 @@ def test_resume_after_sigkill_is_bit_identical(reference, data_dir, tmp_path):
             assert proc.poll() is None, "the run ended before it could be killed"
             time.sleep(0.02)
         else:
-            pytest.fail("no last/ for epoch 2 within 60 s")
+            pytest.fail("no last/ for epoch 2 within 600 s")
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.kill()
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
     assert json.loads(state.read_text())["epoch"] == 2
-    assert train_mod.main(cmd[3:] + ["--resume"]) == 0
+    resumed = subprocess.run(  # the module's command line, as run by hand
+        [sys.executable, "-m", "world_model.training.train", *args, "--resume"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert resumed.returncode == 0, resumed.stderr
     for name in ("last/model/model.safetensors", "best/model.safetensors", "last/optimizer.safetensors"):
         assert same_tensors(weights(ref / name), weights(out / name)), name
     assert untimed(read_metrics(ref)) == untimed(read_metrics(out))
@@ -279,22 +293,10 @@ def test_sigterm_mid_epoch_leaves_the_last_epoch_resumable(data_dir, tmp_path):
     long_run["training"]["max_epochs"] = 50  # cannot finish before the signal, however the machine is loaded
     config.write_text(json.dumps(long_run))
     out = tmp_path / "term"
-    cmd = [
-        sys.executable,
-        "-m",
-        "world_model.training.train",
-        "--config",
-        str(config),
-        "--data",
-        str(data_dir),
-        "--out",
-        str(out),
-        "--no-progress",
-        "--step-delay",
-        "0.25",
-    ]
+    args = ["--config", str(config), "--data", str(data_dir), "--out", str(out), "--no-progress"]
+    cmd = [sys.executable, "-c", SLOW_TRAIN, "0.25", *args]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 600
     try:
         while not (out / "last/state.json").is_file():
             assert proc.poll() is None and time.monotonic() < deadline, "no last/ for epoch 1"
@@ -359,6 +361,9 @@ def test_bad_config_and_data_fail_before_training(data_dir, tmp_path, capsys):
     with pytest.raises(ConfigError, match="dropout"):
         validate_config({"model": {"dropout": 2.0}})
     assert validate_config({"training": {"lr": "3e-4"}})["training"]["lr"] == 3e-4  # PyYAML reads 3e-4 as a string
+    with pytest.raises(ConfigError, match="training.precision must be 'fp32' or 'bf16', got 'fp16'"):
+        TrainingConfig(precision="fp16")
+    assert TrainingConfig.from_dict({"lr": 1}).to_dict() == validate_config({"training": {"lr": 1}})["training"]
     no_val = make_data(tmp_path / "noval")
     for name in (VAL_NAME, TEST_NAME):
         (no_val / name).unlink()

@@ -8,7 +8,8 @@ uninterrupted run (the shards, the writers, the validation reduction, the compar
 twice the batch) and a killed run with its resumption.
 
 Every launch goes through a small wrapper of world_model.training.train.main that records, per process, the window
-indices of every batch it fetched and every call of the functions that write the output folder.
+indices of every batch it fetched and every call of the functions that write the output folder, and that sleeps
+after every optimizer step when STEP_DELAY is set (so that a run can be interrupted mid-epoch).
 """
 
 import contextlib
@@ -33,7 +34,9 @@ from tests.test_train import TEST_NAME, TRAIN_NAME, VAL_NAME, write_csv
 from world_model.data.rocstories import CLOZE_COLUMNS, TRAIN_COLUMNS
 from world_model.evaluation.evaluate import evaluation_sums, metrics_from_sums
 from world_model.models.registry import load_model
-from world_model.training.train import TIMING_KEYS, EpochOrderSampler, ProcessBatches, load_training_windows, train
+from world_model.training.batches import EpochOrderSampler, ProcessBatches, load_training_windows
+from world_model.training.checkpoints import TIMING_KEYS
+from world_model.training.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 PROCESSES = 2
@@ -61,11 +64,19 @@ OUTPUTS = {"run.json", "metrics.jsonl", "curves.png", "best", "last", "summary.j
 WRAPPER = """
 import json, os, sys
 from pathlib import Path
+import time
+from world_model.training import batches, checkpoints, loop
 from world_model.training import train as t
 from world_model.models.four_tensor import FourTensorModel
 
 log = {"batches": [], "writes": []}
-fetch = t.WindowDataset.__getitems__
+fetch = batches.WindowDataset.__getitems__
+step = loop.optimizer_step
+
+def slow_step(*args, **kwargs):
+    stats = step(*args, **kwargs)
+    time.sleep(float(os.environ["STEP_DELAY"]))
+    return stats
 
 def getitems(self, indices):
     log["batches"].append([int(i) for i in indices])
@@ -77,9 +88,11 @@ def spy(name, fn):
         return fn(*args, **kwargs)
     return wrapped
 
-t.WindowDataset.__getitems__ = getitems
+batches.WindowDataset.__getitems__ = getitems
 for name in ("save_training_state", "write_metrics", "plot_curves", "write_json_atomic"):
-    setattr(t, name, spy(name, getattr(t, name)))
+    setattr(checkpoints, name, spy(name, getattr(checkpoints, name)))
+if float(os.environ.get("STEP_DELAY", 0)):  # slow the run down, to interrupt it
+    loop.optimizer_step = slow_step
 FourTensorModel.save_pretrained = spy("save_pretrained", FourTensorModel.save_pretrained)
 code = 1
 try:
@@ -115,8 +128,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(tmp: Path, data: Path, out: Path, spy: Path, *extra: str, config: dict = CONFIG) -> subprocess.Popen:
-    """`accelerate launch` of two training processes on CPU (in a session of its own, so that it can be ended whole)."""
+def start(
+    tmp: Path, data: Path, out: Path, spy: Path, *extra: str, config: dict = CONFIG, step_delay: float = 0.0
+) -> subprocess.Popen:
+    """`accelerate launch` of two training processes on CPU (in a session of its own, so that it can be ended whole),
+    each sleeping `step_delay` seconds after every optimizer step."""
     spy.mkdir(parents=True, exist_ok=True)
     (tmp / "wrapper.py").write_text(WRAPPER)
     (tmp / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
@@ -126,6 +142,7 @@ def start(tmp: Path, data: Path, out: Path, spy: Path, *extra: str, config: dict
         "CUDA_VISIBLE_DEVICES": "",
         "OMP_NUM_THREADS": "1",
         "SPY_DIR": str(spy),
+        "STEP_DELAY": str(step_delay),
         "HF_HOME": str(tmp / "hf"),
     }  # no accelerate config of the user's
     cmd = [
@@ -305,7 +322,7 @@ def test_two_processes_at_batch_b_match_one_process_at_batch_2b(launched):
 def test_a_killed_two_process_run_resumes_to_the_uninterrupted_result(launched, data_dir, tmp_path):
     ref, _, _ = launched
     out = tmp_path / "killed"
-    proc = start(tmp_path, data_dir, out, tmp_path / "spy-killed", "--step-delay", "0.2")
+    proc = start(tmp_path, data_dir, out, tmp_path / "spy-killed", step_delay=0.2)
     state = out / "last/state.json"
     deadline = time.monotonic() + 600
     try:

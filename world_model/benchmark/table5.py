@@ -81,8 +81,7 @@ from world_model.models.checkpoint import WEIGHTS_NAME, CheckpointError
 from world_model.models.registry import build_model, count_parameters, load_model, model_vocab_size
 from world_model.text.vocab import Vocabulary
 from world_model.training import train as train_mod
-from world_model.training.config import ConfigError, validate_config
-from world_model.training.train import (
+from world_model.training.checkpoints import (
     BEST_DIR,
     METRICS_FILE,
     RUN_FILE,
@@ -91,6 +90,7 @@ from world_model.training.train import (
     TrainingError,
     config_differences,
 )
+from world_model.training.config import ConfigError, validate_config
 from world_model.utils.files import write_json_atomic
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "configs" / "benchmark"

@@ -1,11 +1,12 @@
 """Training configuration files: YAML with a ``model:`` and a ``training:`` section.
 
     model:    {type, and the fields of the type's config class except vocab_size / padding_idx}
-    training: {lr, weight_decay, batch_size, max_epochs, patience, tolerance, seed, eval_batch_size,
-               precision, lr_schedule, warmup_steps, schedule_epochs, final_lr_fraction}
+    training: the fields of TrainingConfig {lr, weight_decay, batch_size, max_epochs, patience, tolerance, seed,
+              eval_batch_size, precision, lr_schedule, warmup_steps, schedule_epochs, final_lr_fraction}
 
-``validate_config`` checks every key and type and returns the normalised config with every default
-filled in, so two files that mean the same run compare equal.
+``validate_config`` (``load_config`` for a file) checks every key, type and range of both sections against their
+dataclasses and returns the normalised config dict with every default filled in, so two files that mean the same
+run compare equal.
 """
 
 from __future__ import annotations
@@ -23,25 +24,6 @@ import yaml
 from world_model.models.registry import DATA_FIELDS, DEFAULT_MODEL_TYPE, MODEL_TYPES
 
 SECTIONS = ("model", "training")
-# name -> (type, default, check, what the check wants); defaults are the paper's section 8.2 values.
-TRAINING_FIELDS: dict[str, tuple[type, Any, Any, str]] = {
-    "lr": (float, 3e-4, lambda v: v > 0, "> 0"),
-    "weight_decay": (float, 0.01, lambda v: v >= 0, ">= 0"),
-    "batch_size": (int, 32, lambda v: v >= 1, ">= 1"),
-    "max_epochs": (int, 100, lambda v: v >= 1, ">= 1"),
-    "patience": (int, 5, lambda v: v >= 0, ">= 0"),
-    "tolerance": (float, 1.01, lambda v: v >= 1.0, ">= 1.0"),
-    "seed": (int, 0, lambda v: v >= 0, ">= 0"),
-    "eval_batch_size": (int, 64, lambda v: v >= 1, ">= 1"),
-    # Not in section 8.2 (their defaults keep the paper's setting): bf16 mixed precision and a learning-rate
-    # schedule (linear warm-up over warmup_steps, then a cosine from lr down to final_lr_fraction * lr over
-    # schedule_epochs epochs, 0 meaning max_epochs; the rate stays at its floor afterwards).
-    "precision": (str, "fp32", lambda v: v in ("fp32", "bf16"), "'fp32' or 'bf16'"),
-    "lr_schedule": (str, "constant", lambda v: v in ("constant", "warmup_cosine"), "'constant' or 'warmup_cosine'"),
-    "warmup_steps": (int, 0, lambda v: v >= 0, ">= 0"),
-    "schedule_epochs": (int, 0, lambda v: v >= 0, ">= 0 (0: max_epochs)"),
-    "final_lr_fraction": (float, 0.1, lambda v: 0 <= v <= 1, "in [0, 1]"),
-}
 
 
 class ConfigError(ValueError):
@@ -72,6 +54,67 @@ def _coerce(value: Any, kind: type, where: str) -> Any:
     raise ConfigError(f"{where} must be {kind.__name__}, got {type(value).__name__} {value!r}")
 
 
+@dataclasses.dataclass
+class TrainingConfig:
+    """The ``training:`` section. AdamW (lr, weight_decay), batches, and the stopping rule of section 8.2 (stop once
+    `patience` epochs have passed since the minimum validation loss and the loss is above `tolerance` times it, or
+    after `max_epochs`); defaults are the paper's section 8.2 values. Not in section 8.2 (their defaults keep the
+    paper's setting): bf16 mixed `precision` and a learning-rate schedule ("warmup_cosine": linear warm-up over
+    `warmup_steps`, times a cosine from lr down to `final_lr_fraction` * lr over `schedule_epochs` epochs, 0 meaning
+    max_epochs; the rate stays at its floor afterwards; see world_model.training.schedule)."""
+
+    lr: float = 3e-4
+    weight_decay: float = 0.01
+    batch_size: int = 32
+    max_epochs: int = 100
+    patience: int = 5
+    tolerance: float = 1.01
+    seed: int = 0
+    eval_batch_size: int = 64
+    precision: str = "fp32"
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    schedule_epochs: int = 0
+    final_lr_fraction: float = 0.1
+
+    def __post_init__(self) -> None:
+        """Coerce every field to its type (an int or a numeric string is a float) and check its range: a ConfigError
+        naming the key and what it allows otherwise."""
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, _coerce(getattr(self, f.name), hints[f.name], f"training.{f.name}"))
+        allowed = {  # name -> (holds, what the check wants)
+            "lr": (self.lr > 0, "> 0"),
+            "weight_decay": (self.weight_decay >= 0, ">= 0"),
+            "batch_size": (self.batch_size >= 1, ">= 1"),
+            "max_epochs": (self.max_epochs >= 1, ">= 1"),
+            "patience": (self.patience >= 0, ">= 0"),
+            "tolerance": (self.tolerance >= 1.0, ">= 1.0"),
+            "seed": (self.seed >= 0, ">= 0"),
+            "eval_batch_size": (self.eval_batch_size >= 1, ">= 1"),
+            "precision": (self.precision in ("fp32", "bf16"), "'fp32' or 'bf16'"),
+            "lr_schedule": (self.lr_schedule in ("constant", "warmup_cosine"), "'constant' or 'warmup_cosine'"),
+            "warmup_steps": (self.warmup_steps >= 0, ">= 0"),
+            "schedule_epochs": (self.schedule_epochs >= 0, ">= 0 (0: max_epochs)"),
+            "final_lr_fraction": (0 <= self.final_lr_fraction <= 1, "in [0, 1]"),
+        }
+        for name, (holds, wants) in allowed.items():
+            if not holds:
+                raise ConfigError(f"training.{name} must be {wants}, got {getattr(self, name)!r}")
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainingConfig:
+        """The config of a ``training:`` mapping; a ConfigError for a key that is not a field."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = [k for k in data if k not in names]
+        if unknown:
+            raise ConfigError(f"unknown key(s) {unknown} in 'training'; allowed: {names}")
+        return cls(**data)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
 def _model_fields(model_type: str) -> dict[str, tuple[type, Any]]:
     """Settable fields of a model type's config dataclass: name -> (type, default)."""
     config_class, _ = MODEL_TYPES[model_type]
@@ -86,18 +129,17 @@ def _model_fields(model_type: str) -> dict[str, tuple[type, Any]]:
     return out
 
 
-def validate_config(config: Any, source: str = "config") -> dict:
-    """Check a config dict and return a normalised deep copy with every default filled in."""
-    if not isinstance(config, dict):
-        raise ConfigError(f"{source}: expected a mapping with sections {list(SECTIONS)}, got {type(config).__name__}")
-    unknown = [k for k in config if k not in SECTIONS]
-    if unknown:
-        raise ConfigError(f"{source}: unknown section(s) {unknown}; allowed: {list(SECTIONS)}")
-    out: dict[str, dict] = {}
+def _section(config: dict, name: str, source: str) -> dict:
+    """The mapping of section `name` ({} when absent); a ConfigError when it is not a mapping."""
+    section = config.get(name) or {}
+    if not isinstance(section, dict):
+        raise ConfigError(f"{source}: '{name}' must be a mapping, got {type(section).__name__}")
+    return section
 
-    model = config.get("model") or {}
-    if not isinstance(model, dict):
-        raise ConfigError(f"{source}: 'model' must be a mapping, got {type(model).__name__}")
+
+def _validate_model(model: dict, source: str) -> dict:
+    """The normalised ``model:`` section: its type, and every field of the type's config class (defaults filled in,
+    values coerced), checked by the config class itself (d_x >= 1, dropout in [0, 1], ...)."""
     model_type = model.get("type", DEFAULT_MODEL_TYPE)
     if model_type not in MODEL_TYPES:
         raise ConfigError(f"{source}: model.type {model_type!r} is not one of {sorted(MODEL_TYPES)}")
@@ -109,30 +151,31 @@ def validate_config(config: Any, source: str = "config") -> dict:
         raise ConfigError(
             f"{source}: unknown key(s) {unknown} in 'model' for type {model_type!r}{hint}; allowed: {['type', *fields]}"
         )
-    out["model"] = {"type": model_type}
+    out = {"type": model_type}
     for name, (kind, default) in fields.items():
-        out["model"][name] = _coerce(model[name], kind, f"{source}: model.{name}") if name in model else default
-
-    training = config.get("training") or {}
-    if not isinstance(training, dict):
-        raise ConfigError(f"{source}: 'training' must be a mapping, got {type(training).__name__}")
-    unknown = [k for k in training if k not in TRAINING_FIELDS]
-    if unknown:
-        raise ConfigError(f"{source}: unknown key(s) {unknown} in 'training'; allowed: {list(TRAINING_FIELDS)}")
-    out["training"] = {}
-    for name, (kind, default, check, wants) in TRAINING_FIELDS.items():
-        value = _coerce(training[name], kind, f"{source}: training.{name}") if name in training else default
-        if not check(value):
-            raise ConfigError(f"{source}: training.{name} must be {wants}, got {value!r}")
-        out["training"][name] = value
-
-    # Let the config class check its own ranges (d_x >= 1, dropout in [0, 1], ...) before any data is read.
+        out[name] = _coerce(model[name], kind, f"{source}: model.{name}") if name in model else default
     config_class, _ = MODEL_TYPES[model_type]
     try:
-        config_class.from_vocabulary(2, **{k: v for k, v in out["model"].items() if k != "type"})
+        config_class.from_vocabulary(2, **{k: v for k, v in out.items() if k != "type"})
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{source}: bad model section: {err}") from err
-    return copy.deepcopy(out)
+    return out
+
+
+def validate_config(config: Any, source: str = "config") -> dict:
+    """Check a config dict and return a normalised deep copy with every default filled in: {"model": {"type", the
+    model config's fields}, "training": TrainingConfig's fields}."""
+    if not isinstance(config, dict):
+        raise ConfigError(f"{source}: expected a mapping with sections {list(SECTIONS)}, got {type(config).__name__}")
+    unknown = [k for k in config if k not in SECTIONS]
+    if unknown:
+        raise ConfigError(f"{source}: unknown section(s) {unknown}; allowed: {list(SECTIONS)}")
+    model = _validate_model(_section(config, "model", source), source)
+    try:
+        training = TrainingConfig.from_dict(_section(config, "training", source)).to_dict()
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+    return copy.deepcopy({"model": model, "training": training})
 
 
 def load_config(path: str | os.PathLike) -> dict:
