@@ -286,7 +286,7 @@ def examples_markdown(examples: list[dict]) -> list[str]:
     ]
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m world_model.evaluation.readout_eval", description=__doc__.split("\n\n")[0]
     )
@@ -303,59 +303,79 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="write only the ten fixed examples (examples.json, examples.md), without the measures",
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     command = "python -m world_model.evaluation.readout_eval " + " ".join(argv if argv is not None else sys.argv[1:])
     model, vocab, _ = load_predictor(args.checkpoint)
     model.eval()
-    n_tokens = model.config.n_tokens
     corpus = load_corpus(args.data)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    bank = None if args.select else load_bank(args.checkpoint, vocab, n_tokens)
+    bank = None if args.select else load_bank(args.checkpoint, vocab, model.config.n_tokens)
     if bank is None and not args.select:
         print(
-            f"error: {args.checkpoint} has no sentence bank; build one with python -m world_model.generation.sentence_bank",
+            f"error: {args.checkpoint} has no sentence bank; build one with "
+            "python -m world_model.generation.sentence_bank",
             file=sys.stderr,
         )
         return 2
     if args.examples_only:
-        examples = fixed_examples(
-            model, vocab, bank, corpus.validation, encode_windows(corpus.validation, vocab, n_tokens)
-        )
+        windows = encode_windows(corpus.validation, vocab, model.config.n_tokens)
+        examples = fixed_examples(model, vocab, bank, corpus.validation, windows)
         (out / "examples.json").write_text(json.dumps({"command": command, "examples": examples}, indent=2) + "\n")
         (out / "examples.md").write_text("\n".join([f"```\n{command}\n```", "", *examples_markdown(examples)]) + "\n")
-        return 0
+    elif args.select:
+        select_settings(model, vocab, corpus, args, command, out)
+    else:
+        measure_readouts(model, vocab, corpus, bank, args, command, out)
+    return 0
+
+
+def training_statistics(corpus) -> tuple[dict, frozenset[str]]:
+    """The n-grams (n = 2, 3) attested in the training sentences and their `COMMON_WORDS` commonest words."""
     train_sentences = [s for story in corpus.train for s in story.sentences]
-    grams = {n: attested(train_sentences, n) for n in (2, 3)}
     counts = Counter(t for s in train_sentences for t in tokenize(s))
-    common = frozenset(t for t, _ in counts.most_common(COMMON_WORDS))
-    if args.select:
-        kept, heldout = corpus.train[: -args.heldout], corpus.train[-args.heldout :]
-        sentences = distinct_sentences([s for story in kept for s in story.sentences], n_tokens)
-        bank = SentenceBank.encode(sentences, find_names(sentences), vocab, n_tokens)
-        windows = encode_windows(heldout, vocab, n_tokens)
-        grid = bank_readouts(names_options=(False, True), powers=(0.0, 0.5, 1.0, 1.5, 2.0), guards=(False,))
-        guarded = bank_readouts(powers=(LENGTH_POWER,), guards=(True,))
-        one_step = {"tokens": {"kind": "tokens"}, **grid}
-        rollouts = {"tokens": {"kind": "tokens"}, **guarded, **bank_readouts(guards=(False,))}
-        report = evaluate(
-            model, vocab, windows[:, :4], windows[:, 4], bank, one_step, rollouts, grams, args.rollout_contexts, common
-        )
-        payload = {
-            "command": command,
-            "contexts": len(heldout),
-            "bank_sentences": len(sentences),
-            "rollout_contexts": args.rollout_contexts,
-            "results": report,
-        }
-        (out / "selection.json").write_text(json.dumps(payload, indent=2) + "\n")
-        title = (
-            f"Readout settings chosen on {len(heldout)} held-out training stories (bank: the other "
-            f"{len(corpus.train) - len(heldout)} stories' {len(sentences)} sentences)"
-        )
-        (out / "selection.md").write_text(markdown(title, command, report, None))
-        return 0
-    windows = encode_windows(corpus.validation, vocab, n_tokens)
+    return {n: attested(train_sentences, n) for n in (2, 3)}, frozenset(t for t, _ in counts.most_common(COMMON_WORDS))
+
+
+def select_settings(model, vocab, corpus, args: argparse.Namespace, command: str, out: Path) -> None:
+    """`--select`: every bank setting scored on the last `--heldout` training stories, with a bank built from the
+    others; writes selection.json and selection.md."""
+    grams, common = training_statistics(corpus)
+    n_tokens = model.config.n_tokens
+    kept, heldout = corpus.train[: -args.heldout], corpus.train[-args.heldout :]
+    sentences = distinct_sentences([s for story in kept for s in story.sentences], n_tokens)
+    bank = SentenceBank.encode(sentences, find_names(sentences), vocab, n_tokens)
+    windows = encode_windows(heldout, vocab, n_tokens)
+    grid = bank_readouts(names_options=(False, True), powers=(0.0, 0.5, 1.0, 1.5, 2.0), guards=(False,))
+    guarded = bank_readouts(powers=(LENGTH_POWER,), guards=(True,))
+    one_step = {"tokens": {"kind": "tokens"}, **grid}
+    rollouts = {"tokens": {"kind": "tokens"}, **guarded, **bank_readouts(guards=(False,))}
+    report = evaluate(
+        model, vocab, windows[:, :4], windows[:, 4], bank, one_step, rollouts, grams, args.rollout_contexts, common
+    )
+    payload = {
+        "command": command,
+        "contexts": len(heldout),
+        "bank_sentences": len(sentences),
+        "rollout_contexts": args.rollout_contexts,
+        "results": report,
+    }
+    (out / "selection.json").write_text(json.dumps(payload, indent=2) + "\n")
+    title = (
+        f"Readout settings chosen on {len(heldout)} held-out training stories (bank: the other "
+        f"{len(corpus.train) - len(heldout)} stories' {len(sentences)} sentences)"
+    )
+    (out / "selection.md").write_text(markdown(title, command, report, None))
+
+
+def measure_readouts(model, vocab, corpus, bank: SentenceBank, args: argparse.Namespace, command: str, out: Path):
+    """The per-slot and bank readouts on the cloze contexts; writes results.json and results.md."""
+    grams, common = training_statistics(corpus)
+    windows = encode_windows(corpus.validation, vocab, model.config.n_tokens)
     one_step = {"tokens": {"kind": "tokens"}, **bank_readouts()}
     rollouts = {**one_step, **bank_readouts(guards=(False,))}
     report = evaluate(
@@ -373,7 +393,6 @@ def main(argv: list[str] | None = None) -> int:
     (out / "results.json").write_text(json.dumps(payload, indent=2) + "\n")
     title = f"Readouts of {args.checkpoint} on the {len(windows)} cloze contexts"
     (out / "results.md").write_text(markdown(title, command, report, examples))
-    return 0
 
 
 if __name__ == "__main__":
