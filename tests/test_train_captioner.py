@@ -6,18 +6,15 @@ import torch
 
 from encoders.captioner import HFCaptioner
 from encoders.world_dataset import read_states
+from pipeline.pack.strip_images import augment, strip_image_processor, to_pixels, to_unit
 from pipeline.pack.train_captioner import (
     BEST_DIR,
     METRICS_FILE,
     TrainConfig,
-    augment,
     build_captioner,
     caption_labels,
     main,
     save_captioner,
-    strip_image_processor,
-    to_pixels,
-    to_unit,
     train_step,
 )
 from tests.model_factories import one_torch_thread

@@ -41,11 +41,11 @@ from transformers import (
     VisionEncoderDecoderConfig,
     VisionEncoderDecoderModel,
     ViTConfig,
-    ViTImageProcessor,
 )
 
 from encoders.captioner import HFCaptioner
 from encoders.world_dataset import StateSet, read_states
+from pipeline.pack.strip_images import augment, strip_image_processor, to_pixels, to_unit
 from world_model.data.synthetic.simulation import STRIP_SIZE
 from world_model.text.vocab import same_sentence
 from world_model.text.word_tokenizer import build_word_tokenizer
@@ -125,52 +125,6 @@ def build_captioner(tokenizer: PreTrainedTokenizerFast, config: TrainConfig) -> 
     for name, value in special.items():
         setattr(model.generation_config, name, value)
     return model
-
-
-def strip_image_processor() -> ViTImageProcessor:
-    """Resizes any image to ``STRIP_SIZE`` and maps [0, 255] to [-1, 1] (what ``to_pixels`` does to strips)."""
-    return ViTImageProcessor(
-        size={"height": STRIP_SIZE[0], "width": STRIP_SIZE[1]}, image_mean=[0.5] * 3, image_std=[0.5] * 3
-    )
-
-
-def to_unit(images: torch.Tensor) -> torch.Tensor:
-    """(B, H, W, 3) uint8 -> (B, 3, H, W) float in [0, 1]."""
-    return images.permute(0, 3, 1, 2).float() / 255
-
-
-def to_pixels(unit: torch.Tensor) -> torch.Tensor:
-    """(B, 3, H, W) in [0, 1] -> the model's pixel values in [-1, 1], as ``strip_image_processor`` gives them."""
-    return unit * 2 - 1
-
-
-def augment(unit: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Randomly perturb (B, 3, H, W) images in [0, 1] the way a diffusion renderer's strips differ from
-    the simulator's: a shift of up to one pixel, brightness/contrast/per-channel colour jitter, a light
-    Gaussian blur and pixel noise, each drawn per image. Returns a new tensor of the same shape."""
-    batch, channels, height, width = unit.shape
-
-    def uniform(low: float, high: float, *shape: int) -> torch.Tensor:
-        return low + (high - low) * torch.rand(batch, *shape, generator=generator)
-
-    padded = F.pad(unit, (1, 1, 1, 1), mode="replicate")
-    dy, dx = torch.randint(0, 3, (2, batch), generator=generator).tolist()
-    out = torch.stack([padded[i, :, dy[i] : dy[i] + height, dx[i] : dx[i] + width] for i in range(batch)])
-    mean = out.mean(dim=(1, 2, 3), keepdim=True)
-    out = (out - mean) * uniform(0.9, 1.1, 1, 1, 1) + mean * uniform(0.9, 1.1, 1, 1, 1)
-    out = out + uniform(-0.04, 0.04, channels, 1, 1)
-    sigma = uniform(0.05, 0.9)  # (B,) Gaussian blur widths in pixels; 0.05 leaves the image as is
-    offsets = torch.arange(-1, 2, dtype=torch.float32)
-    taps = torch.exp(-(offsets[None] ** 2) / (2 * sigma[:, None] ** 2))
-    taps = taps / taps.sum(dim=1, keepdim=True)  # (B, 3) separable kernel
-    kernels = (taps[:, :, None] * taps[:, None, :]).repeat_interleave(channels, dim=0)[:, None]  # (B*3, 1, 3, 3)
-    out = F.conv2d(
-        F.pad(out.reshape(1, batch * channels, height, width), (1, 1, 1, 1), mode="replicate"),
-        kernels,
-        groups=batch * channels,
-    ).reshape(batch, channels, height, width)
-    out = out + uniform(0.0, 0.05, 1, 1, 1) * torch.randn(out.shape, generator=generator)
-    return out.clamp(0, 1)
 
 
 def caption_labels(tokenizer: PreTrainedTokenizerFast, sentences: Sequence[str]) -> torch.Tensor:
@@ -269,76 +223,24 @@ def train(data: Path, out: Path, config: TrainConfig, max_minutes: float | None 
     states = read_states(data / "train", progress=progress)
     train_idx, val_idx = split_validation(states, config.val_episodes)
     tokenizer = build_word_tokenizer(states.sentences[i] for i in train_idx)
-    labels = caption_labels(tokenizer, states.sentences)
-    images = torch.from_numpy(states.images)
-    val_sentences = [states.sentences[i] for i in val_idx]
+    data_set = CaptionData(
+        torch.from_numpy(states.images),
+        caption_labels(tokenizer, states.sentences),
+        train_idx,
+        val_idx,
+        [states.sentences[i] for i in val_idx],
+    )
     model = build_captioner(tokenizer, config)
-    parameters = sum(p.numel() for p in model.parameters())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    generator = torch.Generator().manual_seed(config.seed)
     out.mkdir(parents=True, exist_ok=True)
-
-    history, best, since_best, reason, step, loss_avg = [], None, 0, None, 0, None
-    bar = tqdm(total=config.max_steps, desc="training captioner", disable=not progress)
-    try:
-        while reason is None:
-            minutes = (time.monotonic() - t_start) / 60
-            fraction = max(step / config.max_steps, minutes / max_minutes if max_minutes else 0.0)
-            for group in optimizer.param_groups:
-                group["lr"] = warmup_cosine(config.lr, step, fraction, config.warmup_steps)
-            batch = torch.from_numpy(train_idx)[
-                torch.randint(len(train_idx), (config.batch_size,), generator=generator)
-            ]
-            unit = to_unit(images[batch])
-            loss = train_step(
-                model, optimizer, to_pixels(augment(unit, generator) if config.augment else unit), labels[batch]
-            )
-            loss_avg = loss if loss_avg is None else 0.98 * loss_avg + 0.02 * loss
-            step += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss_avg:.4f}", val=f"{best['val_exact_match']:.4f}" if best else "-")
-            if step >= config.max_steps:
-                reason = "max_steps"
-            elif max_minutes is not None and time.monotonic() - t_start >= 60 * max_minutes:
-                reason = "time_budget"
-            if step % config.eval_every and reason is None:
-                continue
-            accuracy, val_loss = validate(model, tokenizer, images[val_idx], labels[val_idx], val_sentences)
-            record = {
-                "step": step,
-                "minutes": round((time.monotonic() - t_start) / 60, 2),
-                "train_loss": loss_avg,
-                "val_exact_match": accuracy,
-                "val_loss": val_loss,
-            }
-            history.append(record)
-            if best is None or (accuracy, -val_loss) > (best["val_exact_match"], -best["val_loss"]):
-                best, since_best = record, 0
-                save_captioner(model, tokenizer, out / BEST_DIR)
-            else:
-                since_best += 1
-            bar.write(
-                f"step {step}: train loss {loss_avg:.4f}  val loss {val_loss:.4f}  val exact match {accuracy:.4f}"
-                + ("  *best*" if since_best == 0 else "")
-            )
-            if reason is None and since_best >= config.patience:
-                reason = "converged"
-    except KeyboardInterrupt:
-        reason = "interrupted"
-        bar.write(f"interrupted at step {step}; scoring the best checkpoint so far")
-    finally:
-        bar.close()
-    if best is None:
-        raise TrainingStopped(f"stopped ({reason}) before the first evaluation; no checkpoint was saved")
+    history, best, reason, step = fit(model, tokenizer, data_set, config, out, t_start, max_minutes, progress)
     train_minutes = (time.monotonic() - t_start) / 60
-
     metrics = {
         "config": dataclasses.asdict(config),
         "data": str(data),
         "train_strips": len(train_idx),
         "val_strips": len(val_idx),
         "vocabulary": len(tokenizer),
-        "parameters": parameters,
+        "parameters": sum(p.numel() for p in model.parameters()),
         "model_megabytes": round(sum(f.stat().st_size for f in (out / BEST_DIR).iterdir()) / 2**20, 3),
         "stop_reason": reason,
         "steps": step,
@@ -356,6 +258,97 @@ def train(data: Path, out: Path, config: TrainConfig, max_minutes: float | None 
         + f") on {report['strips']} strips; model {out / BEST_DIR} ({metrics['model_megabytes']} MB)"
     )
     return metrics
+
+
+@dataclasses.dataclass
+class CaptionData:
+    """The strips as the trainer reads them."""
+
+    images: torch.Tensor  # (N, H, W, 3) uint8
+    labels: torch.Tensor  # (N, L) caption token ids
+    train_idx: np.ndarray  # rows trained on
+    val_idx: np.ndarray  # rows validated on (the last episodes)
+    val_sentences: list[str]
+
+
+def fit(
+    model,
+    tokenizer,
+    data: CaptionData,
+    config: TrainConfig,
+    out: Path,
+    t_start: float,
+    max_minutes: float | None,
+    progress: bool,
+) -> tuple[list[dict], dict, str, int]:
+    """The training loop: AdamW steps, validation every `eval_every` steps (the best checkpoint saved to out/best),
+    until max_steps, the time budget, `patience` validations without a gain, or Ctrl-C.
+
+    Returns (validation history, best record, stop reason, steps). Raises TrainingStopped without a checkpoint."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    generator = torch.Generator().manual_seed(config.seed)
+    history, best, since_best, reason, step, loss_avg = [], None, 0, None, 0, None
+    bar = tqdm(total=config.max_steps, desc="training captioner", disable=not progress)
+    try:
+        while reason is None:
+            minutes = (time.monotonic() - t_start) / 60
+            fraction = max(step / config.max_steps, minutes / max_minutes if max_minutes else 0.0)
+            for group in optimizer.param_groups:
+                group["lr"] = warmup_cosine(config.lr, step, fraction, config.warmup_steps)
+            batch = torch.from_numpy(data.train_idx)[
+                torch.randint(len(data.train_idx), (config.batch_size,), generator=generator)
+            ]
+            unit = to_unit(data.images[batch])
+            pixels = to_pixels(augment(unit, generator) if config.augment else unit)
+            loss = train_step(model, optimizer, pixels, data.labels[batch])
+            loss_avg = loss if loss_avg is None else 0.98 * loss_avg + 0.02 * loss
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_avg:.4f}", val=f"{best['val_exact_match']:.4f}" if best else "-")
+            if step >= config.max_steps:
+                reason = "max_steps"
+            elif max_minutes is not None and time.monotonic() - t_start >= 60 * max_minutes:
+                reason = "time_budget"
+            if step % config.eval_every and reason is None:
+                continue
+            record = validation_record(model, tokenizer, data, step, t_start, loss_avg)
+            history.append(record)
+            if best is None or (record["val_exact_match"], -record["val_loss"]) > (
+                best["val_exact_match"],
+                -best["val_loss"],
+            ):
+                best, since_best = record, 0
+                save_captioner(model, tokenizer, out / BEST_DIR)
+            else:
+                since_best += 1
+            bar.write(
+                f"step {step}: train loss {loss_avg:.4f}  val loss {record['val_loss']:.4f}  val exact match "
+                f"{record['val_exact_match']:.4f}" + ("  *best*" if since_best == 0 else "")
+            )
+            if reason is None and since_best >= config.patience:
+                reason = "converged"
+    except KeyboardInterrupt:
+        reason = "interrupted"
+        bar.write(f"interrupted at step {step}; scoring the best checkpoint so far")
+    finally:
+        bar.close()
+    if best is None:
+        raise TrainingStopped(f"stopped ({reason}) before the first evaluation; no checkpoint was saved")
+    return history, best, reason, step
+
+
+def validation_record(model, tokenizer, data: CaptionData, step: int, t_start: float, loss_avg: float) -> dict:
+    """Exact-match accuracy and loss on the validation strips at `step`."""
+    accuracy, val_loss = validate(
+        model, tokenizer, data.images[data.val_idx], data.labels[data.val_idx], data.val_sentences
+    )
+    return {
+        "step": step,
+        "minutes": round((time.monotonic() - t_start) / 60, 2),
+        "train_loss": loss_avg,
+        "val_exact_match": accuracy,
+        "val_loss": val_loss,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
