@@ -208,19 +208,23 @@ def train(
     return the log."""
     torch.set_num_threads(config.threads)
     bf16 = config.bf16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    attention_kernels = [SDPBackend.MATH] if bf16 else [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
     states = read_states(data / "train", limit=limit)
     sample_real, sample_sentences = fixed_samples(data)
     pipe = build_pixel_pipeline(states.sentences + sample_sentences, model_config, seed=config.seed)
     pipe.set_progress_bar_config(disable=True)
     pipe.unet.to(memory_format=torch.channels_last)
     parameters = [*pipe.unet.parameters(), *pipe.text_encoder.parameters()]
-    optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay)
-    ema = EMAWeights(parameters, config.ema_max_decay)
-    generator = torch.Generator().manual_seed(config.seed)
-    rng = np.random.default_rng(config.seed)
-    sentences = np.array(states.sentences, dtype=object)
-    budget_s = config.max_minutes * 60
+    run = RendererRun(
+        pipe,
+        parameters,
+        torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay),
+        EMAWeights(parameters, config.ema_max_decay),
+        torch.Generator().manual_seed(config.seed),
+        np.random.default_rng(config.seed),
+        states.images,
+        np.array(states.sentences, dtype=object),
+        bf16,
+    )
     log = {
         "command": " ".join(sys.argv),
         "train": asdict(config),
@@ -235,7 +239,7 @@ def train(
     }
 
     def checkpoint(step: int, minutes: float) -> None:
-        with ema:
+        with run.ema:
             save_pipeline(pipe, out / PIPELINE_DIR)
         log.update(
             steps=step,
@@ -246,47 +250,76 @@ def train(
         write_json_atomic(out / LOG_NAME, log)
 
     def samples(step: int) -> None:
-        with ema, torch.no_grad():
+        with run.ema, torch.no_grad():
             sample_grid(pipe, sample_real, sample_sentences, out / "samples" / f"step_{step:06d}.png")
 
+    step, running, minutes = run_steps(run, config, log, checkpoint, samples)
+    samples(step)
+    checkpoint(step, minutes)
+    print(f"saved {out / PIPELINE_DIR} after {step} steps, {minutes:.1f} min, smoothed loss {running}")
+    return log
+
+
+@dataclass
+class RendererRun:
+    """What the renderer's training steps share."""
+
+    pipe: PixelTextToImagePipeline
+    parameters: list[torch.nn.Parameter]  # the UNet's and the text encoder's
+    optimizer: torch.optim.Optimizer
+    ema: EMAWeights
+    generator: torch.Generator  # noise and timesteps
+    rng: np.random.Generator  # batches and text dropout
+    images: np.ndarray  # (N, H, W, 3) uint8 training strips
+    sentences: np.ndarray  # (N,) their sentences
+    bf16: bool
+
+    def step(self, config: TrainConfig, lr: float) -> float:
+        """One AdamW step on a random batch (text dropped with probability `text_dropout`); returns its loss."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        rows = self.rng.integers(0, len(self.images), config.batch_size)
+        prompts = ["" if self.rng.random() < config.text_dropout else s for s in self.sentences[rows]]
+        kernels = [SDPBackend.MATH] if self.bf16 else [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16), sdpa_kernel(kernels):
+            loss = diffusion_loss(
+                self.pipe,
+                to_model_range(self.images[rows]),
+                prompts,
+                self.generator,
+                config.snr_cap,
+                config.motion_weight,
+            )
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.parameters, 1.0)
+        self.optimizer.step()
+        self.ema.update()
+        return loss.item()
+
+
+def run_steps(run: RendererRun, config: TrainConfig, log: dict, checkpoint, samples) -> tuple[int, float, float]:
+    """Train until the time budget or `max_steps` (or a stop request), logging the smoothed loss, drawing samples
+    and checkpointing on their schedules. Returns (steps, smoothed loss, minutes)."""
     stop = StopRequest()
     start = last_sample = last_save = time.monotonic()
     step, running = 0, None
     progress_bar = tqdm(total=config.max_steps, desc="training renderer", unit="step")
     try:
         while not stop.requested:
-            elapsed = time.monotonic() - start
-            progress = elapsed / budget_s
+            progress = (time.monotonic() - start) / (config.max_minutes * 60)
             if config.max_steps is not None:
                 progress = max(progress, step / config.max_steps)
             if progress >= 1:
                 break
-            for group in optimizer.param_groups:
-                group["lr"] = warmup_cosine(config.lr, step, progress, config.warmup_steps, config.final_lr_fraction)
-            rows = rng.integers(0, len(states), config.batch_size)
-            prompts = ["" if rng.random() < config.text_dropout else s for s in sentences[rows]]
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16), sdpa_kernel(attention_kernels):
-                loss = diffusion_loss(
-                    pipe, to_model_range(states.images[rows]), prompts, generator, config.snr_cap, config.motion_weight
-                )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(parameters, 1.0)
-            optimizer.step()
-            ema.update()
+            lr = warmup_cosine(config.lr, step, progress, config.warmup_steps, config.final_lr_fraction)
+            loss = run.step(config, lr)
             step += 1
-            running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
+            running = loss if running is None else 0.98 * running + 0.02 * loss
             progress_bar.update()
             if step % config.log_every == 0:
                 minutes = (time.monotonic() - start) / 60
-                log["loss"].append(
-                    {
-                        "step": step,
-                        "minutes": round(minutes, 2),
-                        "loss": round(running, 5),
-                        "lr": optimizer.param_groups[0]["lr"],
-                    }
-                )
+                log["loss"].append({"step": step, "minutes": round(minutes, 2), "loss": round(running, 5), "lr": lr})
                 progress_bar.set_postfix(loss=f"{running:.4f}", min=f"{minutes:.1f}")
             now = time.monotonic()
             if now - last_sample >= config.sample_minutes * 60:
@@ -298,11 +331,7 @@ def train(
     finally:
         progress_bar.close()
         stop.close()
-    minutes = (time.monotonic() - start) / 60
-    samples(step)
-    checkpoint(step, minutes)
-    print(f"saved {out / PIPELINE_DIR} after {step} steps, {minutes:.1f} min, smoothed loss {running}")
-    return log
+    return step, running, (time.monotonic() - start) / 60
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
