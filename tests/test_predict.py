@@ -8,6 +8,7 @@ from world_model.generation.predict import main, predict
 from world_model.models.decoding import write_known_sentences
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.four_tensor_config import FourTensorConfig
+from world_model.models.generation_config import GenerationConfig
 from world_model.text.vocab import Vocabulary
 
 
@@ -26,8 +27,8 @@ def test_predict_rolls_out_from_sentences(tmp_path):
     assert result["window"] == ["", "", "Tom was hungry.", "He went to the kitchen."]
     assert len(result["predictions"]) == 1 and len(result["predictions"][0]) == 3
     assert all(isinstance(s, str) and "<unk>" not in s for s in result["predictions"][0])
-    sampled = predict(["Tom was hungry."], ckpt, steps=2, samples=4, temperature=2.0, seed=3)
-    assert sampled == predict(["Tom was hungry."], ckpt, steps=2, samples=4, temperature=2.0, seed=3)
+    sampled = predict(["Tom was hungry."], ckpt, 2, GenerationConfig(samples=4, temperature=2.0, seed=3))
+    assert sampled == predict(["Tom was hungry."], ckpt, 2, GenerationConfig(samples=4, temperature=2.0, seed=3))
     assert len(sampled["predictions"]) == 4 and len({tuple(p) for p in sampled["predictions"]}) > 1
 
 
@@ -45,11 +46,11 @@ def test_known_sentences_in_the_checkpoint_restrict_every_step(tmp_path, capsys)
     assert main(["--checkpoint", str(ckpt), "--readout", "sentences", "Tom was hungry."]) == 2
     assert "known_sentences.txt" in capsys.readouterr().err
     write_known_sentences(ckpt, ["he ate a sandwich !", "tom was hungry ."])
-    result = predict(["Tom was hungry."], ckpt, steps=3, samples=6, temperature=5.0, seed=0)
+    result = predict(["Tom was hungry."], ckpt, 3, GenerationConfig(samples=6, temperature=5.0, seed=0))
     assert result["readout"] == "sentences"
     said = {s for p in result["predictions"] for s in p}
     assert said <= {"he ate a sandwich!", "tom was hungry."} and len(said) == 2, said
-    assert predict(["Tom was hungry."], ckpt, steps=1, readout="tokens")["readout"] == "tokens"
+    assert predict(["Tom was hungry."], ckpt, 1, GenerationConfig(readout="tokens"))["readout"] == "tokens"
 
 
 def test_empty_sentences_and_unbounded_steps_are_refused_before_loading(tmp_path, capsys):

@@ -235,7 +235,7 @@ def test_predict_reads_the_bank_by_default_and_tokens_by_flag(tmp_path, capsys):
     # The guard: never a state of the window while another sentence is left.
     assert result["predictions"][0][0] == "he ate a sandwich!"
     assert set(result["predictions"][0]) <= {"he ate a sandwich!", "he went to the kitchen.", "tom was hungry."}
-    assert predict(["Tom was hungry."], ckpt, steps=2, readout="tokens")["readout"] == "tokens"
+    assert predict(["Tom was hungry."], ckpt, 2, GenerationConfig(readout="tokens"))["readout"] == "tokens"
     assert main(["--checkpoint", str(ckpt), "--readout", "tokens", "Tom was hungry."]) == 0
     (ckpt / BANK_NAME).write_bytes(gzip.compress(b'{"sentences": ["tom ate a zebra ."], "names": []}'))
     assert main(["--checkpoint", str(ckpt), "Tom was hungry."]) == 2

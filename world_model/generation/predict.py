@@ -18,11 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
+
+from transformers import HfArgumentParser
 
 from world_model.generation.sentence_bank import resolve_readout
 from world_model.models.checkpoint import CheckpointError
-from world_model.models.generation_config import READOUT_CHOICES, GenerationConfig
+from world_model.models.generation_config import GenerationConfig
+from world_model.models.precision import autocast
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import tokenize
 from world_model.text.windows import caption_window, decode_states
@@ -36,32 +40,29 @@ def predict(
     sentences: list[str],
     checkpoint: str | Path = SHIPPED_CHECKPOINT,
     steps: int = 1,
-    samples: int = 1,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    seed: int = 0,
-    readout: str = "auto",
+    generation: GenerationConfig | None = None,
 ) -> dict:
-    """The predicted next `steps` sentences for each sample, with the window and its unknown words;
-    `readout` as in `world_model.generation.sentence_bank.resolve_readout`. Raises ValueError for an empty sentence or
-    `steps` / `samples` outside 1..MAX_STEPS / 1..MAX_SAMPLES; `warnings` names sentences cut to the slot count."""
-    check_request(sentences, steps, samples)
+    """The predicted next `steps` sentences for each sample, with the window and its unknown words; `generation`
+    (default greedy) as in `world_model.models.generation_config`, its readout as in
+    `world_model.generation.sentence_bank.resolve_readout`. Raises ValueError for an empty sentence or `steps` /
+    samples outside 1..MAX_STEPS / 1..MAX_SAMPLES; `warnings` names sentences cut to the slot count."""
+    generation = generation or GenerationConfig()
+    check_request(sentences, steps, generation.samples)
     model, vocab, known = load_predictor(checkpoint)
     c = model.config
-    chosen = resolve_readout(checkpoint, known, readout, vocab, c.n_tokens)
+    chosen = resolve_readout(checkpoint, known, generation.readout, vocab, c.n_tokens)
     window = caption_window(sentences, vocab, c.n_states, c.n_tokens)
     warnings = [
         f"sentence {i} has {n} tokens; the predictor reads only its first {c.n_tokens}"
         for i, n in enumerate((len(tokenize(s)) for s in sentences), 1)
         if n > c.n_tokens
     ]
-    generation = GenerationConfig(
-        temperature=temperature, top_k=top_k, end_ids=vocab.end_ids, samples=samples, seed=seed, readout=readout
-    )
+    generation = replace(generation, end_ids=vocab.end_ids)
     generator = generation.generator()
     futures = []
     for _ in range(generation.futures):
-        ids = chosen.rollout(model, window.token_ids, steps, generation, generator)[0]
+        with autocast(generation.precision, window.token_ids.device):
+            ids = chosen.rollout(model, window.token_ids, steps, generation, generator)[0]
         futures.append(decode_states(ids, vocab))
     return {
         "checkpoint": str(checkpoint),
@@ -87,41 +88,21 @@ def check_request(sentences: list[str], steps: int, samples: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m world_model.generation.predict", description=__doc__.split("\n\n")[0]
+    parser = HfArgumentParser(
+        GenerationConfig,
+        prog="python -m world_model.generation.predict",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.HelpFormatter,
     )
     parser.add_argument("sentences", nargs="+", help="observed sentences, oldest first")
     parser.add_argument(
         "--checkpoint", default=str(SHIPPED_CHECKPOINT), help="predictor folder (default: the shipped one)"
     )
     parser.add_argument("--steps", type=int, default=1, help=f"sentences to predict (default 1, at most {MAX_STEPS})")
-    parser.add_argument(
-        "--samples", type=int, default=1, help=f"alternative futures (needs --temperature > 0; at most {MAX_SAMPLES})"
-    )
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-k", type=int)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--readout",
-        choices=READOUT_CHOICES,
-        default="auto",
-        help="sentences: one of the checkpoint's known sentences per step; bank: one of its sentence "
-        "bank's; tokens: read tokens off freely (the paper's per-slot readout); auto (default): "
-        "known sentences, else the bank, else tokens",
-    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
-    args = parser.parse_args(argv)
     try:
-        result = predict(
-            args.sentences,
-            args.checkpoint,
-            args.steps,
-            args.samples,
-            args.temperature,
-            args.top_k,
-            args.seed,
-            args.readout,
-        )
+        generation, args = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
+        result = predict(args.sentences, args.checkpoint, args.steps, generation)
     except (CheckpointError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
