@@ -19,7 +19,8 @@ import torch
 
 from apps import demo as demo_module
 from apps.demo import EMPTY_MESSAGE, build_demo, handle_run, launch_demo
-from tests.model_factories import make_tiny_blip, make_tiny_sd, write_test_clip
+from pipeline.tiny_pack import make_tiny_blip, make_tiny_sd
+from tests.model_factories import write_test_clip
 from world_model.models.four_tensor import FourTensorConfig, FourTensorModel
 from world_model.text.vocab import Vocabulary
 

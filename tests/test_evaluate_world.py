@@ -8,7 +8,8 @@ import torch
 from PIL import Image
 
 from pipeline.pack import evaluate_world as ew
-from pipeline.tiny_models import make_tiny_blip, make_tiny_predictor, one_torch_thread
+from pipeline.tiny_pack import make_tiny_blip, make_tiny_predictor
+from tests.model_factories import one_torch_thread
 from world_model.data.synthetic import generator, scenes, simulation
 from world_model.models.decoding import write_known_sentences
 from world_model.models.registry import build_model, model_vocab_size

@@ -13,7 +13,8 @@ from PIL import Image
 
 from pipeline import rollout as rollout_module
 from pipeline.rollout import RolloutError, main, run_rollout
-from tests.model_factories import make_tiny_blip, make_tiny_sd, one_torch_thread, write_test_clip
+from pipeline.tiny_pack import make_tiny_blip, make_tiny_sd
+from tests.model_factories import one_torch_thread, write_test_clip
 from world_model.models.four_tensor import FourTensorConfig, FourTensorModel
 from world_model.text.vocab import Vocabulary, same_sentence
 from world_model.text.windows import as_state_sentence, caption_window
