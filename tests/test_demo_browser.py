@@ -36,6 +36,8 @@ CHROMIUM_ARGS = [
 WORDS = ["a red square moves to the right .", "the square stops at the wall .", "a ball falls down ."]
 RUN_TIMEOUT_MS = 60_000
 
+pytestmark = pytest.mark.browser
+
 
 @pytest.fixture(scope="module")
 def clip(tmp_path_factory):
