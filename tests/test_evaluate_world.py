@@ -64,6 +64,7 @@ def world(tmp_path_factory):
     return pack, split
 
 
+@pytest.mark.slow
 def test_full_loop_writes_consistent_results(world, tmp_path):
     pack, split = world
     out = tmp_path / "eval"
@@ -230,6 +231,7 @@ def test_missing_pieces_and_bad_settings_are_refused_before_any_work(world, tmp_
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_renderer_round_trip_command_scores_every_render(world, tmp_path, capsys):
     from pipeline.pack import round_trip as rt
 
