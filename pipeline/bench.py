@@ -10,7 +10,7 @@ written frame for the outputs), each stage's share of the rollout time, and the 
 
 Presets:
   tiny     tiny random-weight models of the real architectures (BLIP captioner, Stable Diffusion
-           renderer) built on the spot by `pipeline.tiny_models`, and as predictor the shipped checkpoint
+           renderer) built on the spot by `pipeline.tiny_pack`, and as predictor the shipped checkpoint
            world_model/pretrained/rocstories-cpu when present, otherwise a randomly initialised CPU-sized
            4-tensor model (d_x 16, d_t 8, 4 heads, 2 layers). Measures the pipeline's own cost (decoding,
            plumbing, the predictor, writing) with model costs shrunk to almost nothing.
@@ -152,7 +152,7 @@ def quiet_libraries():
 
 def build_tiny_models(folder: Path) -> tuple[dict[str, str], str]:
     """Tiny BLIP + tiny SD in `folder`, and the predictor; returns the component paths and what the predictor is."""
-    from pipeline.tiny_models import PREDICTOR_SENTENCES, make_tiny_blip, make_tiny_predictor, make_tiny_sd
+    from pipeline.tiny_pack import PREDICTOR_SENTENCES, make_tiny_blip, make_tiny_predictor, make_tiny_sd
 
     names = {"captioner": str(make_tiny_blip(folder / "captioner")), "renderer": str(make_tiny_sd(folder / "renderer"))}
     if SHIPPED_PREDICTOR.is_dir():

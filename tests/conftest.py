@@ -30,7 +30,8 @@ def parts(tmp_path_factory):
     """A tiny rollout set-up of the real architectures: {captioner (BLIP), renderer (SD), predictor, clip} paths."""
     import torch
 
-    from tests.model_factories import make_tiny_blip, make_tiny_sd, one_torch_thread, write_test_clip
+    from pipeline.tiny_pack import make_tiny_blip, make_tiny_sd
+    from tests.model_factories import one_torch_thread, write_test_clip
     from world_model.models.four_tensor import FourTensorModel
     from world_model.models.four_tensor_config import FourTensorConfig
     from world_model.text.vocab import Vocabulary

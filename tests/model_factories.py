@@ -1,7 +1,7 @@
-"""Offline test fixtures: a synthetic video clip and tiny random-weight models.
+"""Offline test fixtures: synthetic video clips, single-threaded torch and the test-only tiny models.
 
-The BLIP, Stable Diffusion and 4-tensor builders live in ``pipeline.tiny_models`` (the benchmark
-uses them too) and are re-exported here.  Every model uses the real architecture class with a tiny
+The BLIP, Stable Diffusion and 4-tensor builders are part of the package (``pipeline.tiny_pack``, which
+``pipeline.bench`` times); the tests import them from there.  Every model uses the real architecture class with a tiny
 config and a tokenizer built from vocabulary files written on the spot, is saved with
 ``save_pretrained`` and is meant to be loaded back through the production ``from_pretrained``
 code.  Nothing is downloaded; each builds in about a second on CPU.
@@ -13,6 +13,8 @@ import importlib.util
 import json
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import cv2
@@ -20,23 +22,24 @@ import imageio_ffmpeg
 import numpy as np
 import torch
 
-# The models the benchmark needs too live in the package; re-exported here for the tests.
-from pipeline.tiny_models import (  # noqa: F401
-    _INIT_RANGE,
-    PREDICTOR_SENTENCES,
-    WORDS,
-    _byte_level_vocab,
-    _write_bpe_files,
-    make_tiny_blip,
-    make_tiny_predictor,
-    make_tiny_sd,
-    one_torch_thread,
-)
+from pipeline.tiny_pack import INIT_RANGE, byte_level_vocab, write_bpe_files
 
 SQUARE_SIZE = 16
 SQUARE_TOP = 8
 SQUARE_RGB = (255, 0, 0)
 BACKGROUND = 40
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Run torch single-threaded: tiny models gain nothing from threads, and on a shared CPU the
+    extra threads spin-wait for busy cores (10x slower here)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def square_left(index: int, frame_count: int, width: int) -> int:
@@ -144,10 +147,10 @@ def make_tiny_vit_gpt2(folder: str | Path) -> Path:
     )
 
     folder = Path(folder)
-    vocab, merges = _byte_level_vocab()
+    vocab, merges = byte_level_vocab()
     vocab["<|endoftext|>"] = len(vocab)
     with tempfile.TemporaryDirectory() as tmp:
-        tokenizer = GPT2Tokenizer(*_write_bpe_files(Path(tmp), vocab, merges))
+        tokenizer = GPT2Tokenizer(*write_bpe_files(Path(tmp), vocab, merges))
     end = tokenizer.eos_token_id
     encoder = ViTConfig(
         hidden_size=32,
@@ -156,7 +159,7 @@ def make_tiny_vit_gpt2(folder: str | Path) -> Path:
         intermediate_size=37,
         image_size=32,
         patch_size=8,
-        initializer_range=_INIT_RANGE,
+        initializer_range=INIT_RANGE,
     )
     decoder = GPT2Config(
         vocab_size=len(tokenizer),
@@ -166,7 +169,7 @@ def make_tiny_vit_gpt2(folder: str | Path) -> Path:
         n_positions=64,
         bos_token_id=end,
         eos_token_id=end,
-        initializer_range=_INIT_RANGE,
+        initializer_range=INIT_RANGE,
     )
     config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
     config.decoder_start_token_id = config.pad_token_id = config.eos_token_id = end

@@ -534,8 +534,8 @@ def test_attention_reports_table_and_figure(attention_finished):
     assert "## L_S(4) against attention parameters" in md and "ls4_vs_attention_params.png" in md
     for r in results["attention"]:
         assert (
-            f"| h2_l1 | {r['variant']} | {attn.FAMILY_LABELS[r['model_type']]} | {r['attention']} | {r['attention_parameters']:,} | "
-            in md
+            f"| h2_l1 | {r['variant']} | {attn.FAMILY_LABELS[r['model_type']]} | {r['attention']} | "
+            f"{r['attention_parameters']:,} | " in md
         )
     verdict = "MET" if results["attention_target"][0]["met"] else "NOT met"
     assert f"fewer attention parameters than the dense one within 1% of its L_S(4): {verdict}" in md

@@ -4,7 +4,8 @@ import torch
 from huggingface_hub import constants as hub_constants
 
 from encoders.captioner import HFCaptioner
-from tests.model_factories import WORDS, make_tiny_blip, make_tiny_vit_gpt2, one_torch_thread
+from pipeline.tiny_pack import WORDS, make_tiny_blip
+from tests.model_factories import make_tiny_vit_gpt2, one_torch_thread
 from world_model.utils.hub import ModelLoadError, default_device
 
 IMAGES = [

@@ -22,7 +22,8 @@ from apps.demo.app import build_demo, launch_demo
 from apps.demo.checks import EMPTY_MESSAGE, READY_MESSAGE, format_duration, on_check, on_upload
 from apps.demo.config import DemoConfig
 from apps.demo.run import handle_run
-from tests.model_factories import make_tiny_blip, make_tiny_sd, write_test_clip
+from pipeline.tiny_pack import make_tiny_blip, make_tiny_sd
+from tests.model_factories import write_test_clip
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.four_tensor_config import FourTensorConfig
 from world_model.text.vocab import Vocabulary
@@ -38,6 +39,8 @@ CHROMIUM_ARGS = [
 ]
 WORDS = ["a red square moves to the right .", "the square stops at the wall .", "a ball falls down ."]
 RUN_TIMEOUT_MS = 60_000
+
+pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ import torch
 from PIL import Image
 
 from pipeline.pack import evaluate_world as ew
-from pipeline.tiny_models import make_tiny_blip, make_tiny_predictor, one_torch_thread
+from pipeline.tiny_pack import make_tiny_blip, make_tiny_predictor
+from tests.model_factories import one_torch_thread
 from world_model.data.synthetic import generator, scenes, simulation
 from world_model.models.decoding import write_known_sentences
 from world_model.models.registry import build_model, model_vocab_size
@@ -63,6 +64,7 @@ def world(tmp_path_factory):
     return pack, split
 
 
+@pytest.mark.slow
 def test_full_loop_writes_consistent_results(world, tmp_path):
     pack, split = world
     out = tmp_path / "eval"
@@ -229,6 +231,7 @@ def test_missing_pieces_and_bad_settings_are_refused_before_any_work(world, tmp_
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_renderer_round_trip_command_scores_every_render(world, tmp_path, capsys):
     from pipeline.pack import round_trip as rt
 

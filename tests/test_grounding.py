@@ -17,7 +17,8 @@ from pipeline import rollout as rollout_module
 from pipeline.config import ModelChoice
 from pipeline.pack.grounding import pan_zoom_clip
 from pipeline.rollout import main, run_rollout
-from tests.model_factories import make_tiny_blip, one_torch_thread
+from pipeline.tiny_pack import make_tiny_blip
+from tests.model_factories import one_torch_thread
 
 ROOT = Path(__file__).resolve().parent.parent
 PHOTO = Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"  # a real photograph matplotlib ships

@@ -14,7 +14,8 @@ from PIL import Image
 from pipeline import rollout as rollout_module
 from pipeline.config import FrameSampling, ModelChoice
 from pipeline.rollout import RolloutError, main, run_rollout
-from tests.model_factories import make_tiny_blip, make_tiny_sd, one_torch_thread, write_test_clip
+from pipeline.tiny_pack import make_tiny_blip, make_tiny_sd
+from tests.model_factories import one_torch_thread, write_test_clip
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.four_tensor_config import FourTensorConfig
 from world_model.models.generation_config import GenerationConfig

@@ -9,6 +9,7 @@ from pipeline.presets import load_preset, missing_offline_models
 from tests.model_factories import one_torch_thread
 
 
+@pytest.mark.slow
 def test_bench_times_every_stage_and_the_shares_add_up(tmp_path, capsys):
     out = tmp_path / "bench.json"
     with one_torch_thread():

@@ -10,7 +10,8 @@ from PIL import Image
 
 from pipeline import rollout as rollout_module
 from pipeline.rollout import main
-from tests.model_factories import make_tiny_blip, make_tiny_predictor, make_tiny_sd, one_torch_thread, write_test_clip
+from pipeline.tiny_pack import make_tiny_blip, make_tiny_predictor, make_tiny_sd
+from tests.model_factories import one_torch_thread, write_test_clip
 
 
 @pytest.fixture(scope="module")

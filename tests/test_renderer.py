@@ -3,8 +3,9 @@ import pytest
 import torch
 from huggingface_hub import constants as hub_constants
 
+from pipeline.tiny_pack import make_tiny_sd
 from renderers.text_to_image import KNOWN_DEFAULTS, DiffusersRenderer
-from tests.model_factories import make_tiny_pixel_pipeline, make_tiny_sd, one_torch_thread, tiny_pixel_pipeline_class
+from tests.model_factories import make_tiny_pixel_pipeline, one_torch_thread, tiny_pixel_pipeline_class
 from world_model.utils.hub import ModelLoadError
 
 PROMPTS = ["a red dog", "the car on the street"]

@@ -245,7 +245,8 @@ def test_predict_reads_the_bank_by_default_and_tokens_by_flag(tmp_path, capsys):
 def test_the_video_rollout_reads_a_predictor_bank_by_default(tmp_path):
     from pipeline.config import ModelChoice
     from pipeline.rollout import run_rollout
-    from tests.model_factories import make_tiny_blip, make_tiny_sd, one_torch_thread, write_test_clip
+    from pipeline.tiny_pack import make_tiny_blip, make_tiny_sd
+    from tests.model_factories import one_torch_thread, write_test_clip
     from world_model.models.generation_config import GenerationConfig
 
     bank = ["a red square moves to the right.", "the square stops at the wall."]

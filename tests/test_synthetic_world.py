@@ -229,9 +229,9 @@ def test_ceiling_equals_brute_force_enumeration(state, seconds, expected):
     leaves = enumerate_leaves(start, seconds)
     assert math.isclose(sum(p for p, _ in leaves), 1.0) and len(leaves) > 4
     episodes = []
-    for p, path in leaves:
+    for _, path in leaves:
         script = iter(i for i, _ in path)
-        ep = simulation.run_scene(copy.deepcopy(start), seconds, lambda options: next(script))
+        ep = simulation.run_scene(copy.deepcopy(start), seconds, lambda options, script=script: next(script))
         assert ep.sentences == [text for _, text in path]
         episodes.append(ep)
     value = ceilings.ceiling(episodes, weights=[p for p, _ in leaves])

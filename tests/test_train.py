@@ -79,7 +79,11 @@ def write_csv(path, header, rows):
 
 
 def sentence(rng):
-    return f"{rng.choice(['Tom', 'Ann', 'Bob', 'Sue'])} {rng.choice(['ran', 'sat', 'ate', 'sang'])} {rng.choice(['home', 'fast', 'cake', 'late'])}."
+    name, verb, rest = (
+        rng.choice(w)
+        for w in (["Tom", "Ann", "Bob", "Sue"], ["ran", "sat", "ate", "sang"], ["home", "fast", "cake", "late"])
+    )
+    return f"{name} {verb} {rest}."
 
 
 def make_data(root: Path, n_train=40, n_cloze=10) -> Path:

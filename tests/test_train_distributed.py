@@ -256,6 +256,7 @@ def test_process_batches_are_disjoint_and_match_one_process_at_the_total_batch(s
 
 
 # ----- one uninterrupted two-process run -----
+@pytest.mark.slow
 def test_each_process_trains_on_a_disjoint_shard(launched):
     out, spy, _ = launched
     epochs = CONFIG["training"]["max_epochs"]
@@ -274,6 +275,7 @@ def test_each_process_trains_on_a_disjoint_shard(launched):
     assert [h["epoch"] for h in history] == list(range(1, epochs + 1))
 
 
+@pytest.mark.slow
 def test_only_the_main_process_writes(launched):
     out, spy, _ = launched
     assert spy[1]["writes"] == []
@@ -284,6 +286,7 @@ def test_only_the_main_process_writes(launched):
     assert json.loads((out / "run.json").read_text())["num_processes"] == PROCESSES
 
 
+@pytest.mark.slow
 def test_validation_metrics_are_reduced_over_processes(launched, data_dir):
     """The 7 validation windows are split 4 / 3 between the processes; the reduced metrics equal one process's
     evaluation of the same weights over all of them (batch 1 on both sides, so only the float64 order of
@@ -297,6 +300,7 @@ def test_validation_metrics_are_reduced_over_processes(launched, data_dir):
         assert last[key] == pytest.approx(single[key], rel=1e-12, abs=0), key
 
 
+@pytest.mark.slow
 def test_two_processes_at_batch_b_match_one_process_at_batch_2b(launched):
     """Each step of 2 processes x B sees the windows of one step of 1 process x 2B (ProcessBatches), and each
     process weights its mean loss by its share of the step's target tokens, so the averaged gradient is that of
@@ -319,6 +323,7 @@ def test_two_processes_at_batch_b_match_one_process_at_batch_2b(launched):
 
 
 # ----- killed and resumed -----
+@pytest.mark.slow
 def test_a_killed_two_process_run_resumes_to_the_uninterrupted_result(launched, data_dir, tmp_path):
     ref, _, _ = launched
     out = tmp_path / "killed"

@@ -1,6 +1,8 @@
-"""Tiny random-weight models of the real architectures, built locally (nothing is downloaded).
+"""The tiny model pack: random-weight models of the real architectures, built locally (nothing is downloaded).
 
-Used by the tests (through ``tests/model_factories.py``) and by ``python -m pipeline.bench``. Every
+``python -m pipeline.bench --preset tiny`` times the pipeline with them (captioner, renderer, and a predictor
+when the shipped one is missing); the tests load them as model fixtures (``tests/model_factories.py`` adds
+the test-only ones, built from the same tokenizer helpers). Every
 model uses the production architecture class with a tiny config and a tokenizer built from vocabulary
 files written on the spot, is saved with ``save_pretrained`` and is meant to be loaded back through the
 production ``from_pretrained`` code. Each builds in about a second on CPU. The outputs are noise: these
@@ -11,14 +13,13 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 
 # Larger than the usual 0.02 so that tiny random captioners react to the image at all.
-_INIT_RANGE = 0.2
+INIT_RANGE = 0.2
 WORDS = "a the red square on dark background moves left right person dog car street walks runs is in of and".split()
 
 # Sentences for a predictor vocabulary that shares words with the tiny captioner's ``WORDS``.
@@ -31,19 +32,7 @@ PREDICTOR_SENTENCES = (
 )
 
 
-@contextmanager
-def one_torch_thread() -> Iterator[None]:
-    """Run torch single-threaded: tiny models gain nothing from threads, and on a shared CPU the
-    extra threads spin-wait for busy cores (10x slower here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _byte_level_vocab(end_of_word: str = "") -> tuple[dict[str, int], list[str]]:
+def byte_level_vocab(end_of_word: str = "") -> tuple[dict[str, int], list[str]]:
     """A byte-level BPE vocabulary over all 256 bytes (each also with ``end_of_word`` when given) and a few merges."""
     from tokenizers.pre_tokenizers import ByteLevel
 
@@ -59,7 +48,8 @@ def _byte_level_vocab(end_of_word: str = "") -> tuple[dict[str, int], list[str]]
     return {s: i for i, s in enumerate(symbols)}, merges
 
 
-def _write_bpe_files(folder: Path, vocab: dict[str, int], merges: list[str]) -> tuple[str, str]:
+def write_bpe_files(folder: Path, vocab: dict[str, int], merges: list[str]) -> tuple[str, str]:
+    """Write ``vocab.json`` and ``merges.txt`` into ``folder``; returns their paths, as BPE tokenizers take them."""
     folder.mkdir(parents=True, exist_ok=True)
     vocab_file, merges_file = folder / "vocab.json", folder / "merges.txt"
     vocab_file.write_text(json.dumps(vocab))
@@ -86,7 +76,7 @@ def make_tiny_blip(folder: str | Path) -> Path:
             num_attention_heads=4,
             image_size=32,
             patch_size=8,
-            initializer_range=_INIT_RANGE,
+            initializer_range=INIT_RANGE,
         ),
         text_config=dict(
             vocab_size=len(tokenizer),
@@ -99,7 +89,7 @@ def make_tiny_blip(folder: str | Path) -> Path:
             eos_token_id=tokenizer.sep_token_id,
             sep_token_id=tokenizer.sep_token_id,
             pad_token_id=tokenizer.pad_token_id,
-            initializer_range=_INIT_RANGE,
+            initializer_range=INIT_RANGE,
         ),
         projection_dim=32,
     )
@@ -109,21 +99,14 @@ def make_tiny_blip(folder: str | Path) -> Path:
     return folder
 
 
-def make_tiny_sd(folder: str | Path) -> Path:
-    """Save a random tiny ``StableDiffusionPipeline`` rendering 32x32 images by default.
-
-    UNet (8/16 channels, one cross-attention block, 16x16 latents), 2-level VAE (scale factor 2),
-    2-layer CLIP text encoder with a byte-level BPE ``CLIPTokenizer`` of 16 tokens, Euler ancestral
-    scheduler, no safety checker.
-    """
-    from diffusers import AutoencoderKL, EulerAncestralDiscreteScheduler, StableDiffusionPipeline, UNet2DConditionModel
+def _tiny_clip_text() -> tuple:
+    """A byte-level BPE ``CLIPTokenizer`` of 16 tokens and a random 2-layer ``CLIPTextModel`` (width 32) over it."""
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
-    folder = Path(folder)
-    vocab, merges = _byte_level_vocab(end_of_word="</w>")
+    vocab, merges = byte_level_vocab(end_of_word="</w>")
     vocab.update({"<|startoftext|>": len(vocab), "<|endoftext|>": len(vocab) + 1})
     with tempfile.TemporaryDirectory() as tmp:
-        tokenizer = CLIPTokenizer(*_write_bpe_files(Path(tmp), vocab, merges), model_max_length=16)
+        tokenizer = CLIPTokenizer(*write_bpe_files(Path(tmp), vocab, merges), model_max_length=16)
     torch.manual_seed(0)
     text_encoder = CLIPTextModel(
         CLIPTextConfig(
@@ -139,6 +122,20 @@ def make_tiny_sd(folder: str | Path) -> Path:
             pad_token_id=tokenizer.pad_token_id,
         )
     )
+    return tokenizer, text_encoder
+
+
+def make_tiny_sd(folder: str | Path) -> Path:
+    """Save a random tiny ``StableDiffusionPipeline`` rendering 32x32 images by default.
+
+    UNet (8/16 channels, one cross-attention block, 16x16 latents), 2-level VAE (scale factor 2),
+    2-layer CLIP text encoder with a byte-level BPE ``CLIPTokenizer`` of 16 tokens, Euler ancestral
+    scheduler, no safety checker.
+    """
+    from diffusers import AutoencoderKL, EulerAncestralDiscreteScheduler, StableDiffusionPipeline, UNet2DConditionModel
+
+    folder = Path(folder)
+    tokenizer, text_encoder = _tiny_clip_text()
     unet = UNet2DConditionModel(
         sample_size=16,
         in_channels=4,
