@@ -4,6 +4,15 @@ The folder follows the huggingface_hub / transformers convention, so `from_pretr
 folder or a hub repository id. Weights are read with safetensors only: nothing a user hands in is
 unpickled. A folder is written beside its destination and renamed into place, so an interrupted save
 never leaves a half-written checkpoint under the final name.
+
+Why not huggingface_hub's PyTorchModelHubMixin: its from_pretrained unpickles pytorch_model.bin (torch.load)
+for a hub repository without model.safetensors, loads with strict=False (missing or unexpected tensors pass
+silently; a wrong shape or a truncated file raises a bare RuntimeError / SafetensorError, not a CheckpointError
+naming the file) and prints to stdout, where `world_model.generation.predict --json` writes its result. Its
+save_pretrained writes asdict(config) without the model_type that `registry.load_model` dispatches on, without
+the vocabulary, known sentences or dtype cast, straight into the destination (no atomic rename), plus a
+README.md model card; overriding _save_pretrained and _from_pretrained to keep all of this would leave the
+mixin nothing of its own.
 """
 
 from __future__ import annotations
