@@ -22,6 +22,7 @@ from apps.demo.app import build_demo, launch_demo
 from apps.demo.checks import EMPTY_MESSAGE, READY_MESSAGE, format_duration, on_check, on_upload
 from apps.demo.config import DemoConfig
 from apps.demo.run import handle_run
+from pipeline.rollout import RolloutError
 from pipeline.tiny_pack import make_tiny_blip, make_tiny_sd
 from tests.model_factories import write_test_clip
 from world_model.models.four_tensor import FourTensorModel
@@ -135,6 +136,30 @@ def test_pipeline_errors_become_readable_messages_and_leave_no_folder(clip, tmp_
         handle_run(str(clip), 2, preset="offline", config=DemoConfig(temp_root=tmp_path / "runs"))
     assert caught.value.message == "the offline model pack is not in this installation"
     assert list((tmp_path / "runs").iterdir()) == []
+
+
+def test_a_request_folder_is_unfinished_while_its_rollout_runs_and_removed_if_the_server_stops(
+    clip, tmp_path, monkeypatch
+):
+    from apps.demo.app import stop_on_sigterm
+
+    seen = []
+
+    def rollout(video, steps, models, frames, generation, output, progress):
+        seen.append(set(run.UNFINISHED))
+        raise RolloutError("stopped on purpose")
+
+    monkeypatch.setattr(run, "run_rollout", rollout)
+    with pytest.raises(gr.Error, match="stopped on purpose"):
+        handle_run(str(clip), 2, config=DemoConfig(temp_root=tmp_path / "runs"))
+    assert len(seen[0]) == 1 and next(iter(seen[0])).parent == tmp_path / "runs"
+    assert run.UNFINISHED == set()
+    stale = tmp_path / "runs" / "running"
+    stale.mkdir()
+    run.UNFINISHED.add(stale)
+    assert run.remove_unfinished() == [stale] and not stale.exists() and run.UNFINISHED == set()
+    with pytest.raises(KeyboardInterrupt):
+        stop_on_sigterm(15, None)
 
 
 @pytest.mark.parametrize("seed", [1e20, -1, 2.5, float("nan")])

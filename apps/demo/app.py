@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import tempfile
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from transformers import HfArgumentParser
 from apps import demo as demo_package
 from apps.demo.checks import FAILED_MESSAGE, READY_MESSAGE, format_duration, on_check, on_upload
 from apps.demo.config import COMPONENTS, CUSTOM, MAX_STEPS, RUN_MAX_AGE_S, DemoConfig
-from apps.demo.run import handle_run
+from apps.demo.run import handle_run, remove_unfinished
 from pipeline.presets import PresetError, choose_preset
 
 
@@ -190,5 +191,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"preset: {chosen.name} ({reason})")
         except PresetError as err:
             print(f"warning: {err}")
-    launch_demo(demo, config)
+    previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
+    try:
+        launch_demo(demo, config)  # blocks until Ctrl-C, or SIGTERM (stop_on_sigterm)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for folder in remove_unfinished():
+            print(f"removed the unfinished request folder {folder}")
     return 0
+
+
+def stop_on_sigterm(signum, frame) -> None:
+    """SIGTERM stops the server as Ctrl-C does (Gradio closes on KeyboardInterrupt); `main` then removes the
+    folders of requests that were still running."""
+    raise KeyboardInterrupt

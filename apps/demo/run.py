@@ -21,6 +21,16 @@ from world_model.models.generation_config import GenerationConfig
 
 logger = logging.getLogger(__name__)
 KNOWN_ERRORS = (RolloutError, PresetError, VideoError, CheckpointError, ValueError, OSError)
+UNFINISHED: set[Path] = set()  # request folders whose rollout is still running
+
+
+def remove_unfinished() -> list[Path]:
+    """Delete the folders of requests still running (the server is stopping); returns them."""
+    folders = sorted(UNFINISHED)
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+    UNFINISHED.difference_update(folders)
+    return folders
 
 
 def new_request_dir(root: Path) -> Path:
@@ -80,6 +90,7 @@ def handle_run(
         models = named  # a partial override on top of the preset
 
     request = new_request_dir(config.temp_root)
+    UNFINISHED.add(request)
     run_dir = request / f"{safe_stem(path)}-rollout"
     report = progress or (lambda fraction, message: None)
     started = time.time()
@@ -106,6 +117,8 @@ def handle_run(
             f"The rollout failed unexpectedly ({type(err).__name__}: {readable(err, path)}). "
             "The server log has the details."
         ) from None
+    finally:
+        UNFINISHED.discard(request)
     return outputs(result, archive, request.name, time.time() - started, int(samples), float(temperature or 0), waited)
 
 
