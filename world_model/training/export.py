@@ -61,37 +61,7 @@ def model_card(config: dict, run: dict, metrics: dict, command: str, size_bytes:
         f"{metrics['val_window_loss']:.4f} |",
         "",
     ]
-    if metrics.get("floors"):
-        lines += [
-            "Count floors (world_model/evaluation/floors.py; fitted on the training stories, settings chosen on held-out "
-            "training windows):",
-            "",
-            "| floor | L_S(4) | token accuracy |",
-            "|---|---|---|",
-        ]
-        lines += [
-            f"| {name} | {metrics['floors'][name]['val_last_ce']:.4f} | {metrics['floors'][name]['val_token_accuracy']:.4f} |"
-            for name in FLOORS
-        ]
-        lines += [""]
-    if metrics.get("story_cloze"):
-        lines += [
-            "Story Cloze (the right one of two endings by its S(4) log-likelihood; chance 50%, DSSM 58.5%, GPT-1 86.5%):",
-            "",
-            "| scorer | val, summed / per token | test, summed / per token |",
-            "|---|---|---|",
-        ]
-        for name, halves in metrics["story_cloze"].items():
-            if name != "references":
-                lines.append(
-                    f"| {name} | "
-                    + " | ".join(
-                        f"{100 * halves[h]['summed']:.1f}% / {100 * halves[h]['per_token']:.1f}%"
-                        for h in ("val", "test")
-                    )
-                    + " |"
-                )
-        lines += [""]
+    lines += floor_lines(metrics) + story_cloze_lines(metrics)
     lines += [
         "Per epoch (fp32, from the run's metrics.jsonl):",
         "",
@@ -105,6 +75,42 @@ def model_card(config: dict, run: dict, metrics: dict, command: str, size_bytes:
     ]
     lines += ["", "Paper, at d_x 64, d_t 32 on the full pool: L_S(4) 5.531-5.562, perplexity 252-260.", ""]
     return "\n".join(lines)
+
+
+def floor_lines(metrics: dict) -> list[str]:
+    """The count floors' table of the model card, if the metrics hold them."""
+    if not metrics.get("floors"):
+        return []
+    return [
+        "Count floors (world_model/evaluation/floors.py; fitted on the training stories, settings chosen on "
+        "held-out training windows):",
+        "",
+        "| floor | L_S(4) | token accuracy |",
+        "|---|---|---|",
+        *(
+            f"| {name} | {metrics['floors'][name]['val_last_ce']:.4f} | "
+            f"{metrics['floors'][name]['val_token_accuracy']:.4f} |"
+            for name in FLOORS
+        ),
+        "",
+    ]
+
+
+def story_cloze_lines(metrics: dict) -> list[str]:
+    """The Story Cloze table of the model card, if the metrics hold it."""
+    if not metrics.get("story_cloze"):
+        return []
+    lines = [
+        "Story Cloze (the right one of two endings by its S(4) log-likelihood; chance 50%, DSSM 58.5%, GPT-1 86.5%):",
+        "",
+        "| scorer | val, summed / per token | test, summed / per token |",
+        "|---|---|---|",
+    ]
+    for name, halves in metrics["story_cloze"].items():
+        if name != "references":
+            cells = [f"{100 * halves[h]['summed']:.1f}% / {100 * halves[h]['per_token']:.1f}%" for h in ("val", "test")]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def main(argv: list[str] | None = None) -> int:
