@@ -1,4 +1,5 @@
-"""The Table 5 benchmark (world_model/benchmark/table5.py) on a tiny ROCStories fixture with a tiny preset."""
+"""The Table 5 benchmark (world_model/benchmark/: table5.py and the modules it runs) on a tiny ROCStories fixture with
+a tiny preset."""
 
 import json
 import shutil
@@ -12,7 +13,10 @@ import yaml
 
 from tests.test_train import TRAIN_NAME, make_data
 from world_model.benchmark import attention as attn
+from world_model.benchmark import paper as paper_check
 from world_model.benchmark import table5 as bench
+from world_model.benchmark.preset import MODELS, SHARED_MODEL_KEYS, BenchmarkError, load_preset, run_config, run_name
+from world_model.benchmark.report import pair_record
 from world_model.data.rocstories import build_vocabulary, encode_windows, load_cloze_halves, load_corpus
 from world_model.evaluation import story_cloze as sc
 from world_model.evaluation.floors import FLOORS, floor_report
@@ -112,7 +116,7 @@ def test_writes_one_row_per_pair_and_model_and_the_reports(finished, preset):
     ]
     assert results["complete"] and [p["pair"] for p in results["pairs"]] == ["h1_l1", "h2_l1"]
     for r in results["runs"]:
-        s = summary(out, bench.run_name(r["pair"], r["model_type"]))
+        s = summary(out, run_name(r["pair"], r["model_type"]))
         assert (r["parameters"], r["best_epoch"], r["last_epoch"], r["stop_reason"]) == (
             s["parameters"],
             s["best_epoch"],
@@ -190,20 +194,20 @@ def test_the_two_runs_of_a_pair_are_matched(finished):
             base["train_windows"],
             base["validation_windows"],
         )
-        for key in bench.SHARED_MODEL_KEYS:
+        for key in SHARED_MODEL_KEYS:
             assert four["config"]["model"][key] == base["config"]["model"][key]
     # a mismatch is reported, not hidden
     rows = {r["model_type"]: dict(r) for r in results["runs"] if r["pair"] == "h1_l1"}
     rows["baseline"]["config"] = json.loads(json.dumps(rows["baseline"]["config"]))
     rows["baseline"]["config"]["training"]["lr"] = 1.0
-    record = bench.pair_record("h1_l1", rows)
+    record = pair_record("h1_l1", rows)
     assert not record["matched"] and any("lr" in m for m in record["mismatches"])
 
 
 # ----- the paper-preset parameter check -----
 def test_paper_parameter_totals_on_the_meta_device(monkeypatch):
     devices = []
-    real = bench.build_model
+    real = paper_check.build_model
 
     def spy(section, vocab_size):
         model = real(section, vocab_size)
@@ -211,9 +215,9 @@ def test_paper_parameter_totals_on_the_meta_device(monkeypatch):
         assert vocab_size == 36_711
         return model
 
-    monkeypatch.setattr(bench, "build_model", spy)
+    monkeypatch.setattr(paper_check, "build_model", spy)
     start = time.monotonic()
-    rows = bench.paper_parameter_check()
+    rows = paper_check.paper_parameter_check()
     assert time.monotonic() - start < 20
     assert devices == [{"meta"}] * 6  # nothing allocated: ~1.4G parameters in all
     assert {(r["pair"], r["model_type"]): r["parameters_m"] for r in rows} == PAPER_TOTALS_M
@@ -233,7 +237,7 @@ def test_results_carry_the_paper_check(finished):
 
 
 def test_presets_share_the_paper_matching_rule():
-    paper, cpu = bench.load_preset("paper"), bench.load_preset("cpu")
+    paper, cpu = load_preset("paper"), load_preset("cpu")
     for p in (paper, cpu):
         assert p["pairs"] == {
             "h2_l2": {"n_heads": 2, "n_layers": 2},
@@ -241,9 +245,9 @@ def test_presets_share_the_paper_matching_rule():
             "h4_l3": {"n_heads": 4, "n_layers": 3},
         }
         for pair in p["pairs"]:
-            four, base = (bench.run_config(p, pair, t) for t in bench.MODELS)
+            four, base = (run_config(p, pair, t) for t in MODELS)
             assert four["training"] == base["training"]
-            assert all(four["model"][k] == base["model"][k] for k in bench.SHARED_MODEL_KEYS)
+            assert all(four["model"][k] == base["model"][k] for k in SHARED_MODEL_KEYS)
             assert (
                 four["training"]["weight_decay"],
                 four["training"]["patience"],
@@ -256,8 +260,8 @@ def test_presets_share_the_paper_matching_rule():
     assert (cpu["model"]["d_x"], cpu["model"]["d_t"]) == (16, 8)
     # the cpu preset: the headline pair by default, all training stories, at least three seeds, the two extra rows
     assert cpu["default_pairs"] == ["h4_l2"] and len(cpu["seeds"]) >= 3 and cpu["budget"]["train_subset"] is None
-    causal = bench.run_config(cpu, "h4_l2", "four_tensor", variant="causal")["model"]
-    copy = bench.run_config(cpu, "h4_l2", "four_tensor", variant="causal_copy")["model"]
+    causal = run_config(cpu, "h4_l2", "four_tensor", variant="causal")["model"]
+    copy = run_config(cpu, "h4_l2", "four_tensor", variant="causal_copy")["model"]
     assert causal["temporal_causal"] and not causal["copy_path"] and copy["temporal_causal"] and copy["copy_path"]
     assert paper["budget"] == {"train_subset": None, "max_minutes": None}
 
@@ -480,8 +484,8 @@ def test_variants_train_after_the_pair_and_are_matched_with_their_reference(atte
         for key, value in spec[v["variant"]]["model"].items():
             assert s["config"]["model"][key] == value
         assert s["config"]["training"] == ref["config"]["training"] and v["mismatches"] == []
-        assert {k: s["config"]["model"][k] for k in bench.SHARED_MODEL_KEYS} == {
-            k: ref["config"]["model"][k] for k in bench.SHARED_MODEL_KEYS
+        assert {k: s["config"]["model"][k] for k in SHARED_MODEL_KEYS} == {
+            k: ref["config"]["model"][k] for k in SHARED_MODEL_KEYS
         }
         assert (s["train_windows"], s["validation_windows"]) == (ref["train_windows"], ref["validation_windows"])
 
@@ -555,9 +559,9 @@ def test_a_preset_without_variants_has_no_attention_report(finished):
 @pytest.mark.parametrize(
     "variant, error, message",
     [
-        ({"type": "four_tensor", "pair": "h9_l9", "model": {}}, bench.BenchmarkError, "not a pair of the preset"),
-        ({"type": "gpt", "pair": "h2_l1", "model": {}}, bench.BenchmarkError, "is not one of"),
-        ({"type": "baseline", "pair": "h2_l1", "model": {"d_x": 8}}, bench.BenchmarkError, "must not set ['d_x']"),
+        ({"type": "four_tensor", "pair": "h9_l9", "model": {}}, BenchmarkError, "not a pair of the preset"),
+        ({"type": "gpt", "pair": "h2_l1", "model": {}}, BenchmarkError, "is not one of"),
+        ({"type": "baseline", "pair": "h2_l1", "model": {"d_x": 8}}, BenchmarkError, "must not set ['d_x']"),
         (
             {"type": "baseline", "pair": "h2_l1", "model": {"tucker_ranks": [2, 3, 3]}},
             ConfigError,
@@ -568,29 +572,29 @@ def test_a_preset_without_variants_has_no_attention_report(finished):
             ConfigError,
             "r_m = 9",
         ),
-        ({"pair": "h2_l1"}, bench.BenchmarkError, "must be {type, pair, model}"),
+        ({"pair": "h2_l1"}, BenchmarkError, "must be {type, pair, model}"),
     ],
 )
 def test_a_bad_variant_is_an_error_when_the_preset_is_read(tmp_path, variant, error, message):
     preset = json.loads(json.dumps(TINY_ATTENTION_PRESET))
     preset["variants"] = {"bad": variant}
     with pytest.raises(error) as info:
-        bench.load_preset(write_preset(tmp_path / "bad.yaml", preset))
+        load_preset(write_preset(tmp_path / "bad.yaml", preset))
     assert message in str(info.value)
 
 
 def test_the_attention_preset_spans_the_rank_settings_the_issue_asks_for():
-    cpu, spec = bench.load_preset("cpu"), bench.load_preset("attention")
+    cpu, spec = load_preset("cpu"), load_preset("attention")
     assert spec["pairs"] == {"h4_l2": cpu["pairs"]["h4_l2"]}
     # the model settings of the cpu preset; the optimiser and budget of the earlier cpu preset, which the committed
     # attention results were trained with (3,000 stories, 5 epochs at the paper's 3e-4)
     assert spec["model"] == cpu["model"]
     assert (spec["training"]["lr"], spec["training"]["max_epochs"], spec["budget"]["train_subset"]) == (3e-4, 5, 3000)
     assert spec["budget"]["max_minutes"] <= 45
-    dense = attn.config_attention_parameters(bench.run_config(spec, "h4_l2", "four_tensor")["model"], 100)
+    dense = attn.config_attention_parameters(run_config(spec, "h4_l2", "four_tensor")["model"], 100)
     ratios, kinds = [], set()
     for name, v in spec["variants"].items():
-        section = bench.run_config(spec, "h4_l2", v["type"], variant=name)["model"]
+        section = run_config(spec, "h4_l2", v["type"], variant=name)["model"]
         kinds.add((v["type"], attn.attention_kind(section)))
         if v["type"] == "four_tensor":
             ratios.append(dense / attn.config_attention_parameters(section, 100))

@@ -17,8 +17,8 @@ nothing else (no embeddings, norms or MLPs), as the Tucker paper's Table 1 count
                           MLA d d_c^Q + d_c^Q d + 2 d d_c + 2 d_c d + d^2, Tucker sum over W and W~ of
                           n_H r_1 + d r_2 + d r_3 + r_1 r_2 r_3
 
-OUT receives, next to the Table 5 reports of world_model/benchmark/table5.py: results.json["attention"] (one row
-per run: attention parameters, ratio to the reference, L_S(4), Δ% against the reference, Pareto flag),
+OUT receives, next to the Table 5 reports (world_model/benchmark/report.py, markdown.py): results.json["attention"]
+(one row per run: attention parameters, ratio to the reference, L_S(4), Δ% against the reference, Pareto flag),
 results.json["attention_target"], a section of results.md, and ls4_vs_attention_params.png.
 """
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -125,13 +126,15 @@ def is_attention_variant(overrides: dict) -> bool:
 
 def pareto_front(points: list[tuple[float, float]]) -> list[bool]:
     """For (cost, loss) points: True where no other point has cost <= and loss <= with one of them strictly lower."""
-    return [not any(c2 <= c and l2 <= l and (c2 < c or l2 < l) for c2, l2 in points) for c, l in points]
+    return [
+        not any(c2 <= cost and l2 <= loss and (c2 < cost or l2 < loss) for c2, l2 in points) for cost, loss in points
+    ]
 
 
 def attention_rows(runs: list[dict], variants: list[dict]) -> list[dict]:
     """One row per finished run of a pair that has variants: its reference runs first, then its variants.
 
-    `runs` and `variants` are benchmark run records (world_model.benchmark.table5.run_record) carrying
+    `runs` and `variants` are benchmark run records (world_model.benchmark.runs.run_record) carrying
     "attention_parameters"; a variant record also carries "variant" and "mismatches" (against its reference).
     Δ% = 100 (L_S(4) - reference L_S(4)) / reference L_S(4) (positive: the variant is worse); the ratio is
     reference attention parameters / the run's. The Pareto flag is over all rows of the pair.
@@ -224,14 +227,16 @@ def markdown_lines(results: dict) -> list[str]:
         "(4-tensor: dense Q/K/V; baseline: MHA). Pareto: on the front of all runs of the pair (fewer attention "
         "parameters and lower L_S(4)).",
         "",
-        "| pair | variant | model | attention | attention params | × fewer | total params | epoch | stopped by | L_S(4) | Δ% vs reference | Pareto |",
+        "| pair | variant | model | attention | attention params | × fewer | total params | epoch | stopped by | L_S(4) "
+        "| Δ% vs reference | Pareto |",
         "|---|---|---|---|---:|---:|---:|---|---|---:|---:|---|",
     ]
     for r in results["attention"]:
         lines.append(
-            f"| {r['pair']} | {r['variant']} | {FAMILY_LABELS[r['model_type']]} | {r['attention']} | {r['attention_parameters']:,} | "
-            f"{_fmt(r['attention_ratio'], '.2f')} | {r['parameters']:,} | {r['best_epoch']}/{r['last_epoch']} | {r['stopped_by']} | "
-            f"{_fmt(r['val_last_ce'], '.4f')} | {_fmt(r['delta_percent'], '+.2f')} | {'yes' if r.get('pareto') else ''} |"
+            f"| {r['pair']} | {r['variant']} | {FAMILY_LABELS[r['model_type']]} | {r['attention']} | "
+            f"{r['attention_parameters']:,} | {_fmt(r['attention_ratio'], '.2f')} | {r['parameters']:,} | "
+            f"{r['best_epoch']}/{r['last_epoch']} | {r['stopped_by']} | {_fmt(r['val_last_ce'], '.4f')} | "
+            f"{_fmt(r['delta_percent'], '+.2f')} | {'yes' if r.get('pareto') else ''} |"
         )
     lines += ["", f"![L_S(4) against attention parameters]({PARETO_FIGURE})"]
     return lines
@@ -279,7 +284,6 @@ def plot_pareto(results: dict, path: Path) -> None:
     kind, every point labelled, the Pareto front drawn as a step line."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
 
     rows = [r for r in results["attention"] if r["val_last_ce"] is not None]
     pairs = list(dict.fromkeys(r["pair"] for r in results["attention"]))
@@ -287,43 +291,59 @@ def plot_pareto(results: dict, path: Path) -> None:
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, max(len(pairs), 1), squeeze=False)[0]
     for ax, pair in zip(axes, pairs):
-        points = [r for r in rows if r["pair"] == pair]
-        for r in points:
-            ax.scatter(
-                [r["attention_parameters"]],
-                [r["val_last_ce"]],
-                marker=FAMILY_MARKERS[r["model_type"]],
-                s=60,
-                color=KIND_COLORS[r["kind"]],
-                edgecolors="black" if r.get("pareto") else "none",
-                zorder=3,
-            )
-            label = f"{FAMILY_LABELS[r['model_type']]} {r['attention']}" + (
-                " (reference)" if r["variant"] == REFERENCE else ""
-            )
-            ax.annotate(
-                label,
-                (r["attention_parameters"], r["val_last_ce"]),
-                textcoords="offset points",
-                xytext=(5, 4),
-                fontsize=7,
-            )
-        front = sorted((r["attention_parameters"], r["val_last_ce"]) for r in points if r.get("pareto"))
-        if front:
-            ax.step(
-                [x for x, _ in front],
-                [y for _, y in front],
-                where="post",
-                linestyle="--",
-                color="black",
-                alpha=0.6,
-                zorder=2,
-            )
-        ax.set_xscale("log")
-        ax.set_xlabel("attention parameters (Q/K/V/O weights, all layers)")
-        ax.set_ylabel("validation $L_{S(4)}$ (nats / token, lower is better)")
-        ax.set_title(f"{pair}")
-        ax.grid(alpha=0.3, which="both")
+        plot_pareto_panel(ax, pair, [r for r in rows if r["pair"] == pair])
+    axes[-1].legend(handles=pareto_legend_handles(), fontsize=7, loc="best")
+    fig.suptitle(f"L_S(4) against attention parameters (preset {results['preset']['name']}; bottom-left is best)")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    os.replace(tmp, path)
+
+
+def plot_pareto_panel(ax: Any, pair: str, points: list[dict]) -> None:
+    """One pair's panel of plot_pareto: its attention rows with an L_S(4), and their Pareto front."""
+    for r in points:
+        ax.scatter(
+            [r["attention_parameters"]],
+            [r["val_last_ce"]],
+            marker=FAMILY_MARKERS[r["model_type"]],
+            s=60,
+            color=KIND_COLORS[r["kind"]],
+            edgecolors="black" if r.get("pareto") else "none",
+            zorder=3,
+        )
+        label = f"{FAMILY_LABELS[r['model_type']]} {r['attention']}" + (
+            " (reference)" if r["variant"] == REFERENCE else ""
+        )
+        ax.annotate(
+            label,
+            (r["attention_parameters"], r["val_last_ce"]),
+            textcoords="offset points",
+            xytext=(5, 4),
+            fontsize=7,
+        )
+    front = sorted((r["attention_parameters"], r["val_last_ce"]) for r in points if r.get("pareto"))
+    if front:
+        ax.step(
+            [x for x, _ in front],
+            [y for _, y in front],
+            where="post",
+            linestyle="--",
+            color="black",
+            alpha=0.6,
+            zorder=2,
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("attention parameters (Q/K/V/O weights, all layers)")
+    ax.set_ylabel("validation $L_{S(4)}$ (nats / token, lower is better)")
+    ax.set_title(f"{pair}")
+    ax.grid(alpha=0.3, which="both")
+
+
+def pareto_legend_handles() -> list:
+    """The legend of plot_pareto: the model types' markers, the attention kinds' colours, the front's line."""
+    from matplotlib.lines import Line2D
+
     handles = [
         Line2D([], [], linestyle="", marker=m, color="black", label=FAMILY_LABELS[t]) for t, m in FAMILY_MARKERS.items()
     ]
@@ -332,9 +352,4 @@ def plot_pareto(results: dict, path: Path) -> None:
         for k in ("dense", "gqa", "mla", "tucker")
     ]
     handles.append(Line2D([], [], linestyle="--", color="black", label="Pareto front (outlined points)"))
-    axes[-1].legend(handles=handles, fontsize=7, loc="best")
-    fig.suptitle(f"L_S(4) against attention parameters (preset {results['preset']['name']}; bottom-left is best)")
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    os.replace(tmp, path)
+    return handles

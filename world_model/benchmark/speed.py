@@ -11,7 +11,8 @@ The FLOPs of a step are counted once with torch's FlopCounterMode (forward and b
 product, the chunked readout included); the matmul peak is measured here with 1024 x 1024 products in fp32
 and in bf16, and each precision's achieved GFLOP/s is reported as a fraction of the larger of the two (the
 most this machine's matrix units do). The CPU's name and the instruction set PyTorch uses are printed: bf16
-is fast only where the CPU multiplies bf16 natively (AMX, AVX512-BF16) or on CUDA. This is a benchmark, not a test: the numbers depend on the machine and its load.
+is fast only where the CPU multiplies bf16 natively (AMX, AVX512-BF16) or on CUDA. This is a benchmark, not a test:
+the numbers depend on the machine and its load.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ def rollout_step_ms(model: FourTensorModel, window: torch.Tensor, precision: str
     return statistics.median(times)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="model preset (YAML with a model: section)")
     parser.add_argument("--vocab-size", type=int, default=23256, help="vocabulary size when --data is not given")
@@ -141,7 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("steps", "rounds", "batch_size", "peak_size", "rollout_repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    return args
 
+
+def load_inputs(args: argparse.Namespace) -> tuple[dict, int, torch.Tensor]:
+    """(the preset's FourTensorConfig settings, the vocabulary size, the (count, T+1, N) windows to train on)."""
     section = yaml.safe_load(args.config.read_text())["model"]
     settings = {k: v for k, v in section.items() if k in FourTensorConfig.__dataclass_fields__ and k != "vocab_size"}
     if args.data is not None:
@@ -156,30 +161,14 @@ def main(argv: list[str] | None = None) -> int:
         windows = random_windows(
             args.batch_size * args.steps, vocab_size, settings.get("n_states", 4), settings.get("n_tokens", 16), 0.40
         )
-    fill = torch.utils.deterministic.fill_uninitialized_memory
-    torch.utils.deterministic.fill_uninitialized_memory = False  # as in training; restored below
-    torch.manual_seed(0)
-    model = FourTensorModel(FourTensorConfig(vocab_size=vocab_size, **{**settings, "attention": args.attention}))
-    trainer = Trainer(model, windows, args.batch_size)
-    rss_before = peak_rss_mib()
-    flops = trainer.flops_per_step("fp32") / args.batch_size  # the work of a window, the same in either precision
-    trainer.step("bf16")  # warm-up of the bf16 kernels
-    rounds: dict[str, list[float]] = {p: [] for p in PRECISIONS}
-    for _ in range(args.rounds):
-        for precision in PRECISIONS:
-            rounds[precision].append(trainer.windows_per_second(precision, args.steps))
-    peak = {p: matmul_peak_gflops(args.peak_size, torch.float32 if p == "fp32" else torch.bfloat16) for p in PRECISIONS}
-    best_peak = max(peak.values())  # the most this machine's matrix units do, in either dtype
-    figures: dict = {
-        "config": str(args.config),
-        "vocab_size": vocab_size,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "threads": torch.get_num_threads(),
-        "cpu": cpu_capability(),
-        "attention": args.attention,
-        "batch_size": args.batch_size,
-        "gflop_per_window": float(f"{flops / 1e9:.4g}"),
-    }
+    return settings, vocab_size, windows
+
+
+def precision_figures(rounds: dict[str, list[float]], flops: float, peak: dict[str, float]) -> dict:
+    """Per precision: windows/s (median round, and every round), achieved GFLOP/s, the matmul peak, and the
+    fraction of the larger peak (the most this machine's matrix units do, in either dtype)."""
+    best_peak = max(peak.values())
+    figures = {}
     for p in PRECISIONS:
         per_second = statistics.median(rounds[p])
         achieved = per_second * flops / 1e9
@@ -192,6 +181,31 @@ def main(argv: list[str] | None = None) -> int:
                 f"fraction_of_machine_peak_{p}": round(achieved / best_peak, 3),
             }
         )
+    return figures
+
+
+def measure(model: FourTensorModel, windows: torch.Tensor, vocab_size: int, args: argparse.Namespace) -> dict:
+    """Every figure the command prints, in order."""
+    trainer = Trainer(model, windows, args.batch_size)
+    rss_before = peak_rss_mib()
+    flops = trainer.flops_per_step("fp32") / args.batch_size  # the work of a window, the same in either precision
+    trainer.step("bf16")  # warm-up of the bf16 kernels
+    rounds: dict[str, list[float]] = {p: [] for p in PRECISIONS}
+    for _ in range(args.rounds):
+        for precision in PRECISIONS:
+            rounds[precision].append(trainer.windows_per_second(precision, args.steps))
+    peak = {p: matmul_peak_gflops(args.peak_size, torch.float32 if p == "fp32" else torch.bfloat16) for p in PRECISIONS}
+    figures: dict = {
+        "config": str(args.config),
+        "vocab_size": vocab_size,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "threads": torch.get_num_threads(),
+        "cpu": cpu_capability(),
+        "attention": args.attention,
+        "batch_size": args.batch_size,
+        "gflop_per_window": float(f"{flops / 1e9:.4g}"),
+    }
+    figures.update(precision_figures(rounds, flops, peak))
     figures["bf16_speedup"] = round(
         figures["train_windows_per_second_bf16"] / figures["train_windows_per_second_fp32"], 2
     )
@@ -201,6 +215,17 @@ def main(argv: list[str] | None = None) -> int:
         figures[f"rollout_step_ms_batch1_{p}"] = round(
             rollout_step_ms(model, windows[:1, 1:], p, repeats=args.rollout_repeats), 2
         )
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings, vocab_size, windows = load_inputs(args)
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.utils.deterministic.fill_uninitialized_memory = False  # as in training; restored below
+    torch.manual_seed(0)
+    model = FourTensorModel(FourTensorConfig(vocab_size=vocab_size, **{**settings, "attention": args.attention}))
+    figures = measure(model, windows, vocab_size, args)
     for key, value in figures.items():
         print(f"{key:>42}: {value}")
     if args.json:

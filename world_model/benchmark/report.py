@@ -1,0 +1,338 @@
+"""The benchmark's results: results.json's dict (filled from the run folders), the per-pair comparisons, the count
+floors, and the files written from it (results.json, results.md, the per-epoch figure ls4_per_epoch.png).
+
+results.json holds: "preset" (the spec), "command", "settings", "data_dir", "corpus_statistics", "train_windows",
+"validation_windows", "machine", "paper_parameter_check", "started_at", "complete"; then, filled by collect_results
+after every run: "runs" (run records, world_model/benchmark/runs.py), "pairs" (pair_record), with variants
+"variants" and "attention", "attention_target" (world_model/benchmark/attention.py), "seed_summary", "paired"
+(world_model/evaluation/seed_stats.py), "elapsed_seconds"; and, by write_reports, "floors" and "notes".
+print_summary prints the gist at the end of the command.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from world_model.benchmark import attention as attn
+from world_model.benchmark.markdown import fmt, fmt_parameters, fmt_seconds, row_label, write_markdown
+from world_model.benchmark.notes import notes_for
+from world_model.benchmark.paper import paper_parameter_check
+from world_model.benchmark.preset import MODEL_LABELS, MODELS, SHARED_MODEL_KEYS, run_config
+from world_model.benchmark.runs import FIGURE, RESULTS_JSON, RESULTS_MD, Run, load_windows, run_record
+from world_model.data.rocstories import load_cloze_halves
+from world_model.evaluation import seed_stats
+from world_model.evaluation import story_cloze as sc
+from world_model.evaluation.floors import FLOORS, floor_report
+from world_model.training.checkpoints import config_differences
+from world_model.utils.files import write_json_atomic
+
+
+# ----- results.json's dict -----
+def machine_info(device: torch.device) -> dict:
+    info = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "device": str(device),
+        "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        "load_average_start": load_average(),
+    }
+    try:
+        info["accelerate"] = __import__("accelerate").__version__
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        info["cuda"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return info
+
+
+def load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):
+        return None
+
+
+def results_header(
+    spec: dict,
+    settings: dict,
+    command: str,
+    data_dir: str | os.PathLike,
+    corpus_statistics: dict,
+    train_windows: torch.Tensor,
+    val_windows: torch.Tensor,
+    device: torch.device,
+    started_at: str,
+) -> dict[str, Any]:
+    """results.json's dict before any run is collected: what was asked, on which data, on which machine."""
+    return {
+        "preset": spec,
+        "command": command,
+        "settings": settings,
+        "data_dir": str(data_dir),
+        "corpus_statistics": corpus_statistics,
+        "train_windows": len(train_windows),
+        "validation_windows": len(val_windows),
+        "machine": machine_info(device),
+        "paper_parameter_check": paper_parameter_check(),
+        "started_at": started_at,
+        "complete": False,
+    }
+
+
+def run_rows(runs: list[Run], out: Path) -> list[dict | None]:
+    """The record of every run in `runs` (None for one not finished)."""
+    return [
+        run_record(
+            r.pair,
+            r.model_type,
+            r.folder,
+            out,
+            {
+                "skipped_by_resume": r.done,
+                "estimated_epoch_seconds": r.estimate_seconds,
+                "max_minutes_given": r.max_minutes,
+                "seed": r.seed,
+                **r.extra,
+            },
+        )
+        for r in runs
+    ]
+
+
+def variant_records(rows: list[dict | None], runs: list[Run], by_pair: dict[tuple, dict]) -> list[dict]:
+    """The finished variants' records, each with its mismatches against its reference (the pair's run of its type
+    and seed; None while that has not finished)."""
+    variants = []
+    for row, r in zip(rows, runs):
+        if row is not None and r.variant is not None:
+            reference = by_pair.get((r.pair, r.seed), {}).get(r.model_type)
+            variants.append(
+                {**row, "variant": r.variant, "mismatches": run_mismatches(reference, row) if reference else None}
+            )
+    return variants
+
+
+def collect_results(results: dict, runs: list[Run], out: Path) -> None:
+    """(Re)fill results' "runs", "pairs", "variants", "attention", "attention_target", "seed_summary" and "paired"
+    from the run folders."""
+    spec = results["preset"]
+    rows = run_rows(runs, out)
+    results["runs"] = [row for row, r in zip(rows, runs) if row is not None and r.variant is None]
+    by_pair: dict[tuple, dict] = {}  # (pair, seed) -> model type -> row
+    for row in results["runs"]:
+        by_pair.setdefault((row["pair"], row["seed"]), {})[row["model_type"]] = row
+    results["pairs"] = [{**pair_record(pair, found), "seed": seed} for (pair, seed), found in by_pair.items()]
+    if spec["variants"]:
+        results["variants"] = variant_records(rows, runs, by_pair)
+        attention = [
+            v for v in results["variants"] if attn.is_attention_variant(spec["variants"][v["variant"]]["model"])
+        ]
+        if attention:
+            results["attention"] = attn.attention_rows(results["runs"], attention)
+            results["attention_target"] = attn.target_check(results["attention"])
+    every_run = results["runs"] + results.get("variants", [])
+    results["seed_summary"] = seed_stats.summarise_rows(every_run)
+    results["paired"] = seed_stats.paired_rows(every_run)
+
+
+def difference(a: float | None, b: float | None) -> float | None:
+    return a - b if a is not None and b is not None else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b is not None and b > 0 else None
+
+
+def run_mismatches(a: dict, b: dict) -> list[str]:
+    """What differs between two run records that must be matched: training settings, shared model settings, data."""
+    mismatches = config_differences(a["config"]["training"], b["config"]["training"])
+    mismatches += [
+        f"model.{k}: {a['config']['model'][k]!r} -> {b['config']['model'][k]!r}"
+        for k in SHARED_MODEL_KEYS
+        if a["config"]["model"][k] != b["config"]["model"][k]
+    ]
+    for key in ("train_subset", "train_windows", "validation_windows", "vocab_size"):
+        if a[key] != b[key]:
+            mismatches.append(f"{key}: {a[key]!r} -> {b[key]!r}")
+    return mismatches
+
+
+def pair_record(pair: str, rows: dict[str, dict | None]) -> dict:
+    """Δ L_S(4) = baseline - 4-tensor, the time ratios baseline / 4-tensor, and the matching check of one pair."""
+    four, base = rows.get("four_tensor"), rows.get("baseline")
+    record: dict[str, Any] = {"pair": pair, "complete": four is not None and base is not None}
+    if not record["complete"]:
+        return record
+    mismatches = run_mismatches(four, base)
+    record.update(
+        {
+            "n_heads": four["n_heads"],
+            "n_layers": four["n_layers"],
+            "delta_last_ce": difference(base["val_last_ce"], four["val_last_ce"]),
+            "delta_lowest_last_ce": difference(base["lowest_val_last_ce"], four["lowest_val_last_ce"]),
+            "time_to_best_ratio": ratio(base["wall_seconds_to_best"], four["wall_seconds_to_best"]),
+            "total_time_ratio": ratio(base["wall_seconds_total"], four["wall_seconds_total"]),
+            "parameter_ratio": ratio(base["parameters"], four["parameters"]),
+            "matched": not mismatches,
+            "mismatches": mismatches,
+        }
+    )
+    return record
+
+
+def floor_records(results: dict) -> dict:
+    """The count floors of the benchmark: fitted on the runs' training windows (their settings chosen on the last
+    10% of them), measured on the validation windows, with their Story Cloze accuracy.
+
+    {"train_windows", "selection", "rows": [{"floor", "alpha", "copy_weight", "heldout_last_ce", "val_last_ce",
+    "val_token_accuracy", "last_tokens", "story_cloze"}]}."""
+    data_dir, k = results["data_dir"], results["settings"]["train_subset"]
+    spec = results["preset"]
+    n_tokens = run_config(spec, next(iter(spec["pairs"])), MODELS[0])["model"]["n_tokens"]
+    _, vocab, train_windows, val_windows = load_windows(data_dir, n_tokens, k)
+    floors, report = floor_report(train_windows, val_windows, len(vocab))
+    halves = load_cloze_halves(data_dir)
+    return {
+        "train_windows": report["train_windows"],
+        "selection": report["selection"],
+        "rows": [
+            {
+                "floor": name,
+                **report[name],
+                "story_cloze": sc.story_cloze(sc.floor_scorer(floors[name]), halves, vocab, n_tokens),
+            }
+            for name in FLOORS
+        ],
+    }
+
+
+# ----- the files -----
+def write_reports(results: dict, out: Path) -> None:
+    if "floors" not in results:  # fitted once, the first time the reports are written
+        results["floors"] = floor_records(results)
+    results["notes"] = notes_for(results)
+    write_json_atomic(out / RESULTS_JSON, results)
+    write_markdown(results, out / RESULTS_MD)
+    plot_ls4(results, out / FIGURE)
+    if results.get("attention"):
+        attn.plot_pareto(results, out / attn.PARETO_FIGURE)
+
+
+def print_summary(results: dict, out: Path) -> None:
+    """The end of the command's output: the files written, each run, pair, attention variant and floor, and the
+    paper-preset check."""
+    print(
+        f"\nresults: {out / RESULTS_MD}, {out / RESULTS_JSON}, {out / FIGURE}"
+        + (f", {out / attn.PARETO_FIGURE}" if results.get("attention") else "")
+    )
+    for r in results["runs"]:
+        print(
+            f"  {r['pair']:>6} {MODEL_LABELS[r['model_type']]:>8}: {r['parameters']:>12,} parameters, "
+            f"epoch {r['best_epoch']}/{r['last_epoch']} ({r['stopped_by']}), L_S(4) {fmt(r['val_last_ce'], '.4f')}, "
+            f"acc {fmt(r['val_token_accuracy'], '.4f')}, to selected {fmt_seconds(r['wall_seconds_to_best'])}, "
+            f"{fmt(r['train_windows_per_second'], '.1f')} windows/s"
+        )
+    for p in results["pairs"]:
+        if p["complete"]:
+            print(
+                f"  {p['pair']:>6}: Δ L_S(4) (baseline - 4-tensor) {fmt(p['delta_last_ce'], '+.4f')}, "
+                f"time-to-selected ratio (baseline / 4-tensor) {fmt(p['time_to_best_ratio'], '.2f')}"
+            )
+    for a in results.get("attention", []):
+        print(
+            f"  {a['pair']:>6} {MODEL_LABELS[a['model_type']]:>8} {a['variant']}: {a['attention']}, "
+            f"{a['attention_parameters']:,} attention parameters ({fmt(a['attention_ratio'], '.2f')}x fewer than "
+            f"the reference), L_S(4) {fmt(a['val_last_ce'], '.4f')} (Δ {fmt(a['delta_percent'], '+.2f')}%)"
+            + (", Pareto" if a.get("pareto") else "")
+        )
+    for note in attn.target_notes(results.get("attention_target", [])):
+        print(f"  {note}")
+    for f in (results.get("floors") or {}).get("rows", []):
+        print(f"  floor {f['floor']}: L_S(4) {f['val_last_ce']:.4f}, acc {f['val_token_accuracy']:.4f}")
+    for c in results["paper_parameter_check"]:
+        print(
+            f"  paper preset {c['pair']:>6} {MODEL_LABELS[c['model_type']]:>8}: {c['parameters']:,} = "
+            f"{c['parameters_m']:.1f}M (paper {c['paper_m']}M) {'ok' if c['match'] else 'MISMATCH'}"
+        )
+
+
+def plot_ls4(results: dict, path: Path) -> None:
+    """The paper's Figure 2: L_S(4) per logged epoch of both models, one panel per pair, selected epochs marked,
+    the count floors as horizontal lines."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    pairs = [p["pair"] for p in results["pairs"]]
+    fig = Figure(figsize=(4.5 * max(len(pairs), 1), 4))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, max(len(pairs), 1), squeeze=False)[0]
+    attention_runs = {a["run_dir"] for a in results.get("attention", [])}
+    shown = results["runs"] + [v for v in results.get("variants", []) if v["run_dir"] not in attention_runs]
+    palette = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"]
+    colors = {
+        key: palette[i % len(palette)]
+        for i, key in enumerate(dict.fromkeys((r["model_type"], r.get("variant")) for r in shown))
+    }  # one colour per row, the same for every seed
+    floors = (results.get("floors") or {}).get("rows", [])
+    for ax, pair in zip(axes, pairs):
+        plot_ls4_panel(ax, pair, [r for r in shown if r["pair"] == pair], colors, floors)
+    fig.suptitle(f"Last-sentence cross-entropy per epoch (preset {results['preset']['name']})")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    os.replace(tmp, path)
+
+
+def plot_ls4_panel(ax: Any, pair: str, rows: list[dict], colors: dict[tuple, str], floors: list[dict]) -> None:
+    """One pair's panel of plot_ls4: a curve per row (colour by (model type, variant)), the floors as lines."""
+    from matplotlib.ticker import MaxNLocator
+
+    for r in rows:
+        plot_ls4_curve(ax, r, colors[(r["model_type"], r.get("variant"))])
+        ax.set_title(f"{pair}: H = {r['n_heads']}, L = {r['n_layers']}")
+    for f, style in zip(floors, (":", "--", "-.")):
+        ax.axhline(
+            f["val_last_ce"],
+            color="gray",
+            linestyle=style,
+            linewidth=1,
+            label=f"floor: {f['floor']} ({f['val_last_ce']:.2f})",
+        )
+    ax.set_xlabel("epoch")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("validation $L_{S(4)}$ (nats / token)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def plot_ls4_curve(ax: Any, r: dict, color: str) -> None:
+    """A run record's L_S(4) per logged epoch, its selected epoch starred."""
+    seed = f", seed {r['seed']}" if r.get("seed") is not None else ""
+    ax.plot(
+        [h["epoch"] for h in r["history"]],
+        [h["val_last_ce"] for h in r["history"]],
+        "o-",
+        markersize=3,
+        color=color,
+        label=f"{row_label(r).split(' ', 1)[1]} ({fmt_parameters(r['parameters'])}{seed})",
+    )
+    if r["best_epoch"] is not None:
+        ax.plot(
+            [r["best_epoch"]],
+            [r["val_last_ce"]],
+            "*",
+            markersize=14,
+            color=color,
+            markeredgecolor="black",
+            label=f"selected epoch {r['best_epoch']} ({r['stopped_by']})",
+        )
