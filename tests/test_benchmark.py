@@ -652,3 +652,16 @@ def test_seeds_train_every_row_once_per_seed_and_pair_the_differences(data_dir, 
     assert diff["ci95"][0] < diff["mean"] < diff["ci95"][1]
     assert "four_tensor reference - causal" in paired
     assert "## Over seeds" in (out / "results.md").read_text()
+
+
+def test_precision_flag_sets_every_runs_training_precision(data_dir, preset, tmp_path, monkeypatch):
+    configs = []
+    monkeypatch.setattr(bench, "estimate_epoch_seconds", lambda config, *a, **k: 1.0)
+    monkeypatch.setattr(
+        train_mod, "train", lambda config, data, out, **kw: configs.append(config) or Path(out).mkdir(parents=True)
+    )
+    monkeypatch.setattr(bench, "write_reports", lambda results, out: None)
+    bench.run_benchmark(preset, data_dir, tmp_path / "out", progress=False, precision="bf16")
+    assert len(configs) == 4 and {c["training"]["precision"] for c in configs} == {"bf16"}
+    with pytest.raises(ValueError, match="precision"):
+        bench.run_benchmark(preset, data_dir, tmp_path / "other", progress=False, precision="fp16")

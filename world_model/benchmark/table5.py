@@ -75,6 +75,7 @@ from world_model.benchmark.runs import (
 )
 from world_model.data.rocstories import DataError, corpus_statistics, find_split_files
 from world_model.models.checkpoint import CheckpointError
+from world_model.models.precision import PRECISIONS, check_precision
 from world_model.models.registry import model_vocab_size
 from world_model.text.vocab import Vocabulary
 from world_model.training import train as train_mod
@@ -95,14 +96,18 @@ def run_benchmark(
     command: str | None = None,
     seeds: Sequence[int] | None = None,
     report_only: bool = False,
+    precision: str | None = None,
 ) -> dict:
     """Check everything, then train every (pair, model) run and write the reports; returns results.json's dict.
 
     Every check (preset, pairs, budgets, data folder, output folder, time budget) runs before any training.
+    `precision` (fp32 or bf16) overrides the preset's `training.precision` for every run.
     """
     t_start = time.monotonic()
     started_at = utc_now()
     spec = load_preset(preset)
+    if precision is not None:
+        spec["training"]["precision"] = check_precision(precision)
     chosen = choose_pairs(spec, pairs)
     k, m = choose_budget(spec, max_epochs, max_minutes, train_subset)
     seed_list = choose_seeds(spec, seeds)
@@ -304,7 +309,11 @@ def parse_seeds(text: str | None) -> list[int] | None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description="The paper's Table 5 benchmark: 4-tensor model vs flat baseline at matched settings."
+        prog="python -m world_model.benchmark",
+        description="The paper's Table 5 benchmark: 4-tensor model vs flat baseline at matched settings.",
+    )
+    parser.add_argument(
+        "--precision", choices=PRECISIONS, help="fp32 or bf16 for every run (default: the preset's training.precision)"
     )
     parser.add_argument(
         "--preset",
@@ -351,6 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress=not args.no_progress,
             seeds=parse_seeds(args.seeds),
             report_only=args.report_only,
+            precision=args.precision,
             command=f"{launcher} world_model.benchmark " + shlex.join(argv_list),
         )
     except (BenchmarkError, ConfigError, DataError, TrainingError, CheckpointError) as err:
