@@ -35,6 +35,7 @@ from world_model.training.checkpoints import (
     SUMMARY_FILE,
     config_differences,
 )
+from world_model.training.config import validate_config
 from world_model.utils.files import write_json_atomic
 
 RUNS_DIR = "runs"  # OUT/runs/<name>/: the training runs
@@ -127,6 +128,8 @@ def check_run_folders(runs: list[Run], train_subset: int | None, resume: bool, r
         run.done = continuing and (run.folder / SUMMARY_FILE).is_file()
         if found and continuing and (run.folder / RUN_FILE).is_file():
             saved = json.loads((run.folder / RUN_FILE).read_text())
+            if isinstance(saved.get("config"), dict):  # fields added since the run started take their defaults
+                saved["config"] = validate_config(saved["config"], source=str(run.folder / RUN_FILE))
             wanted = {"config": run.config, "train_subset": train_subset}
             diffs = [
                 d

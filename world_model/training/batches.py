@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from world_model.data.rocstories import build_vocabulary, corpus_statistics, encode_windows, load_corpus
+from world_model.data.rocstories import DataError, build_vocabulary, corpus_statistics, encode_windows, load_corpus
 from world_model.data.synthetic.sentences import data_kind, load_world_windows
 from world_model.text.vocab import Vocabulary
 
@@ -25,22 +25,28 @@ def derived_seed(*parts: Any) -> int:
 
 
 def load_training_windows(
-    data_dir: str | os.PathLike, n_states: int, n_tokens: int, train_subset: int | None = None
+    data_dir: str | os.PathLike, n_states: int, n_tokens: int, train_subset: int | None = None, holdout: int = 0
 ) -> tuple[Vocabulary, dict, torch.Tensor, torch.Tensor]:
     """(vocabulary, data statistics, training windows (S, T+1, N), validation windows) of a ROCStories or a
-    synthetic-world folder; `train_subset` keeps the first K training stories or episodes."""
+    synthetic-world folder; `train_subset` keeps the first K training stories or episodes. With `holdout` H > 0
+    (ROCStories only) the validation windows are the last H training stories', and the training windows come from
+    the stories before them (the vocabulary still covers the whole pool)."""
     if data_kind(data_dir) == "world":
+        if holdout:
+            raise DataError("training.holdout_stories is for ROCStories; a synthetic world has its own held-out split")
         return load_world_windows(data_dir, n_states, n_tokens, train_subset)
     corpus = load_corpus(data_dir)
     vocab = build_vocabulary(corpus)
     stats = corpus_statistics(corpus, vocab, n_tokens)
-    train_stories = corpus.train[:train_subset] if train_subset else corpus.train
-    return (
-        vocab,
-        stats,
-        encode_windows(train_stories, vocab, n_tokens),
-        encode_windows(corpus.validation, vocab, n_tokens),
+    if holdout >= len(corpus.train):
+        raise DataError(f"training.holdout_stories {holdout} leaves none of the {len(corpus.train)} training stories")
+    pool, validation = (
+        (corpus.train[:-holdout], corpus.train[-holdout:]) if holdout else (corpus.train, corpus.validation)
     )
+    if holdout:
+        stats["validation"] = f"the last {holdout} training stories (held out)"
+    train_stories = pool[:train_subset] if train_subset else pool
+    return vocab, stats, encode_windows(train_stories, vocab, n_tokens), encode_windows(validation, vocab, n_tokens)
 
 
 class WindowDataset(Dataset):

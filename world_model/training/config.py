@@ -61,7 +61,9 @@ class TrainingConfig:
     after `max_epochs`); defaults are the paper's section 8.2 values. Not in section 8.2 (their defaults keep the
     paper's setting): bf16 mixed `precision` and a learning-rate schedule ("warmup_cosine": linear warm-up over
     `warmup_steps`, times a cosine from lr down to `final_lr_fraction` * lr over `schedule_epochs` epochs, 0 meaning
-    max_epochs; the rate stays at its floor afterwards; see world_model.training.schedule)."""
+    max_epochs; the rate stays at its floor afterwards; see world_model.training.schedule), and `holdout_stories`:
+    K > 0 validates on the last K training stories instead of the cloze stories and trains on the others, so that
+    settings can be chosen without looking at the validation split (`world_model.benchmark.sweep`)."""
 
     lr: float = 3e-4
     weight_decay: float = 0.01
@@ -76,6 +78,9 @@ class TrainingConfig:
     warmup_steps: int = 0
     schedule_epochs: int = 0
     final_lr_fraction: float = 0.1
+    holdout_stories: int = (
+        0  # 0: validate on the cloze stories; K: on the last K training stories (trained on the rest)
+    )
 
     def __post_init__(self) -> None:
         """Coerce every field to its type (an int or a numeric string is a float) and check its range: a ConfigError
@@ -97,6 +102,7 @@ class TrainingConfig:
             "warmup_steps": (self.warmup_steps >= 0, ">= 0"),
             "schedule_epochs": (self.schedule_epochs >= 0, ">= 0 (0: max_epochs)"),
             "final_lr_fraction": (0 <= self.final_lr_fraction <= 1, "in [0, 1]"),
+            "holdout_stories": (self.holdout_stories >= 0, ">= 0 (0: validate on the cloze stories)"),
         }
         for name, (holds, wants) in allowed.items():
             if not holds:

@@ -64,9 +64,9 @@ class TrainingData:
     known: list[str] | None
 
     @classmethod
-    def load(cls, data_dir: Path, model_section: dict, train_subset: int | None) -> TrainingData:
+    def load(cls, data_dir: Path, model_section: dict, train_subset: int | None, holdout: int = 0) -> TrainingData:
         vocab, stats, train_windows, val_windows = load_training_windows(
-            data_dir, model_section.get("n_states", 4), model_section.get("n_tokens", 16), train_subset
+            data_dir, model_section.get("n_states", 4), model_section.get("n_tokens", 16), train_subset, holdout
         )
         known = known_sentences(data_dir) if data_kind(data_dir) == "world" else None  # a closed world's sentences
         return cls(vocab, stats, train_windows, val_windows, known)
@@ -240,7 +240,7 @@ def train(
     run_record = {"config": config, "train_subset": train_subset}
     out = Path(out_dir)
     state_dir = checkpoints.check_run_folder(out, run_record, resume)
-    data = TrainingData.load(data_dir, mc, train_subset)  # DataError before any training
+    data = TrainingData.load(data_dir, mc, train_subset, tc.holdout_stories)  # DataError before any training
 
     from accelerate.utils import set_seed
 

@@ -1,0 +1,81 @@
+"""The learning-rate sweep on held-out training stories (`world_model.benchmark.sweep`) and the training's holdout."""
+
+import json
+
+import pytest
+import torch
+
+from tests.test_benchmark import TINY_PRESET, write_preset
+from tests.test_train import make_data
+from world_model.benchmark import sweep
+from world_model.data.rocstories import DataError, build_vocabulary, encode_windows, load_corpus
+from world_model.training.batches import load_training_windows
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return make_data(tmp_path_factory.mktemp("rocstories"))  # 40 training stories, 10 cloze stories
+
+
+def test_holdout_validates_on_the_last_training_stories_and_trains_on_the_others(data_dir):
+    corpus = load_corpus(data_dir)
+    vocab = build_vocabulary(corpus)
+    _, stats, train, val = load_training_windows(data_dir, 4, 16, train_subset=None, holdout=6)
+    assert torch.equal(val, encode_windows(corpus.train[-6:], vocab, 16))
+    assert torch.equal(train, encode_windows(corpus.train[:-6], vocab, 16))
+    assert "held out" in stats["validation"]
+    _, _, train, _ = load_training_windows(data_dir, 4, 16, train_subset=10, holdout=6)
+    assert torch.equal(train, encode_windows(corpus.train[:10], vocab, 16))
+    _, _, _, cloze = load_training_windows(data_dir, 4, 16)
+    assert torch.equal(cloze, encode_windows(corpus.validation, vocab, 16))
+    with pytest.raises(DataError, match="leaves none"):
+        load_training_windows(data_dir, 4, 16, holdout=40)
+
+
+def test_sweep_trains_every_rate_and_model_on_held_out_stories_and_chooses_the_lowest_mean(
+    data_dir, tmp_path, monkeypatch
+):
+    preset = write_preset(tmp_path / "tiny.yaml", TINY_PRESET)
+    out = tmp_path / "sweep"
+    results = sweep.run_sweep(
+        preset,
+        data_dir,
+        out,
+        [1e-4, 3e-2],
+        pair="h1_l1",
+        holdout=8,
+        train_subset=None,
+        max_epochs=1,
+        progress=False,
+        command="test",
+    )
+    assert [(r["lr"], r["model_type"]) for r in results["runs"]] == [
+        (1e-4, "four_tensor"),
+        (1e-4, "baseline"),
+        (3e-2, "four_tensor"),
+        (3e-2, "baseline"),
+    ]
+    for r in results["runs"]:
+        summary = json.loads((out / "runs" / f"{r['model_type']}_lr{r['lr']:g}" / "summary.json").read_text())
+        assert summary["validation_windows"] == 8 and summary["train_windows"] == 32
+        assert summary["config"]["training"]["holdout_stories"] == 8
+        assert summary["config"]["training"]["lr"] == r["lr"]
+        assert summary["best_metrics"]["val_last_ce"] == r["heldout_last_ce"]
+    means = {lr: sum(r["heldout_last_ce"] for r in results["runs"] if r["lr"] == lr) / 2 for lr in (1e-4, 3e-2)}
+    assert results["chosen_lr"] == min(means, key=means.get)
+    assert f"Chosen: lr {results['chosen_lr']:g}" in (out / "results.md").read_text()
+    monkeypatch.setattr(sweep.train_mod, "train", lambda *a, **k: pytest.fail("a finished run was retrained"))
+    again = sweep.run_sweep(
+        preset,
+        data_dir,
+        out,
+        [1e-4, 3e-2],
+        pair="h1_l1",
+        holdout=8,
+        train_subset=None,
+        max_epochs=1,
+        resume=True,
+        progress=False,
+        command="test",
+    )
+    assert again["runs"] == results["runs"], "finished runs are read back, not retrained"

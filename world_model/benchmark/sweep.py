@@ -1,0 +1,165 @@
+"""Choose a benchmark preset's learning rate on held-out training stories, never on the validation split.
+
+    python -m world_model.benchmark.sweep --preset cpu --data DIR --out DIR [--lrs 1e-3,2e-3,4e-3] [--pair h4_l2]
+        [--holdout 2000] [--train-subset 8000] [--max-epochs 4] [--seed 0] [--resume]
+
+For every learning rate and both model types of the pair, one run with the preset's other settings, validated on
+the last `--holdout` training stories (`training.holdout_stories`) and trained on the first `--train-subset` of
+the others; the warm-up + cosine schedule spans the run (schedule_epochs = max_epochs). The chosen rate is the one
+with the lowest mean, over the two models, of the held-out L_S(4) at each run's selected epoch: one rate for both
+models, as the benchmark needs. OUT gets runs/<model>_lr<rate>/ (training runs; `--resume` skips finished ones and
+continues interrupted ones), results.json and results.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from world_model.benchmark.preset import MODELS, BenchmarkError, load_preset, run_config
+from world_model.data.rocstories import DataError
+from world_model.training import train as train_mod
+from world_model.training.checkpoints import SUMMARY_FILE, TrainingError
+from world_model.training.config import ConfigError, validate_config
+from world_model.utils.files import write_json_atomic
+
+
+def sweep_config(spec: dict, pair: str, model_type: str, lr: float, holdout: int, max_epochs: int, seed: int) -> dict:
+    """The preset's run config of `model_type` with learning rate `lr`, validated on the `holdout` held-out training
+    stories, its schedule spanning `max_epochs`."""
+    config = run_config(spec, pair, model_type, max_epochs=max_epochs, seed=seed)
+    config["training"].update(lr=lr, holdout_stories=holdout, schedule_epochs=max_epochs)
+    return validate_config(config, source=f"sweep of preset {spec['name']}, {model_type}, lr {lr:g}")
+
+
+def run_sweep(
+    preset: str,
+    data_dir: str | Path,
+    out_dir: str | Path,
+    lrs: Sequence[float],
+    pair: str = "h4_l2",
+    holdout: int = 2000,
+    train_subset: int | None = 8000,
+    max_epochs: int = 4,
+    seed: int = 0,
+    resume: bool = False,
+    progress: bool = True,
+    command: str | None = None,
+) -> dict:
+    """Train every (learning rate, model) run, then write and return results.json's dict."""
+    spec = load_preset(preset)
+    if pair not in spec["pairs"]:
+        raise BenchmarkError(f"unknown pair {pair!r} for preset {spec['name']!r}; known: {sorted(spec['pairs'])}")
+    if not lrs or any(lr <= 0 for lr in lrs):
+        raise BenchmarkError(f"--lrs must be positive learning rates, got {list(lrs)}")
+    out = Path(out_dir)
+    rows = []
+    for lr in lrs:
+        for model_type in MODELS:
+            config = sweep_config(spec, pair, model_type, lr, holdout, max_epochs, seed)
+            folder = out / "runs" / f"{model_type}_lr{lr:g}"
+            if not (resume and (folder / SUMMARY_FILE).is_file()):
+                train_mod.train(config, data_dir, folder, resume=resume, train_subset=train_subset, progress=progress)
+            summary = json.loads((folder / SUMMARY_FILE).read_text())
+            rows.append(
+                {
+                    "lr": lr,
+                    "model_type": model_type,
+                    "heldout_last_ce": summary["best_metrics"]["val_last_ce"],
+                    "best_epoch": summary["best_epoch"],
+                    "last_epoch": summary["last_epoch"],
+                    "stop_reason": summary["stop_reason"],
+                }
+            )
+    means = {lr: sum(r["heldout_last_ce"] for r in rows if r["lr"] == lr) / len(MODELS) for lr in lrs}
+    results = {
+        "command": command,
+        "preset": spec["name"],
+        "pair": pair,
+        "holdout_stories": holdout,
+        "train_subset": train_subset,
+        "max_epochs": max_epochs,
+        "seed": seed,
+        "runs": rows,
+        "mean_heldout_last_ce": {f"{lr:g}": means[lr] for lr in lrs},
+        "chosen_lr": min(lrs, key=means.__getitem__),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "results.json", results)
+    (out / "results.md").write_text(markdown(results))
+    return results
+
+
+def markdown(results: dict) -> str:
+    """results.json as a table: held-out L_S(4) per learning rate and model, their mean, the chosen rate."""
+    lines = [
+        f"# Learning-rate sweep of preset {results['preset']} ({results['pair']}), on held-out training stories",
+        "",
+        "```",
+        str(results["command"]),
+        "```",
+        "",
+        f"Validated on the last {results['holdout_stories']} training stories (never the cloze validation split), "
+        f"trained on {results['train_subset'] or 'all'} of the others for at most {results['max_epochs']} epochs "
+        f"(seed {results['seed']}). L_S(4) at each run's selected epoch.",
+        "",
+        "| lr | " + " | ".join(MODELS) + " | mean |",
+        "|---:|" + "---:|" * (len(MODELS) + 1),
+    ]
+    for lr, mean in results["mean_heldout_last_ce"].items():
+        cells = [
+            f"{r['heldout_last_ce']:.4f} (ep {r['best_epoch']}/{r['last_epoch']})"
+            for m in MODELS
+            for r in results["runs"]
+            if f"{r['lr']:g}" == lr and r["model_type"] == m
+        ]
+        chosen = float(lr) == results["chosen_lr"]
+        lines.append(f"| {lr} | " + " | ".join(cells) + (f" | **{mean:.4f}** |" if chosen else f" | {mean:.4f} |"))
+    return "\n".join(lines + ["", f"Chosen: lr {results['chosen_lr']:g} for both models.", ""])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m world_model.benchmark.sweep", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", required=True, help="benchmark preset name or YAML path (its other settings)")
+    parser.add_argument("--data", required=True, help="ROCStories folder")
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument(
+        "--lrs", default="1e-3,2e-3,4e-3", help="comma-separated learning rates (default 1e-3,2e-3,4e-3)"
+    )
+    parser.add_argument("--pair", default="h4_l2", help="the preset's pair (default h4_l2)")
+    parser.add_argument("--holdout", type=int, default=2000, help="training stories held out for validation")
+    parser.add_argument("--train-subset", type=int, default=8000, help="train on the first K of the others")
+    parser.add_argument("--max-epochs", type=int, default=4, help="epochs per run (the schedule spans them)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--resume", action="store_true", help="skip finished runs, continue interrupted ones")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        lrs = [float(x) for x in args.lrs.split(",") if x.strip()]
+        results = run_sweep(
+            args.preset,
+            args.data,
+            args.out,
+            lrs,
+            args.pair,
+            args.holdout,
+            args.train_subset,
+            args.max_epochs,
+            args.seed,
+            args.resume,
+            not args.no_progress,
+            command="python -m world_model.benchmark.sweep " + shlex.join(sys.argv[1:] if argv is None else argv),
+        )
+    except (BenchmarkError, ConfigError, DataError, TrainingError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
