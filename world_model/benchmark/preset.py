@@ -8,6 +8,11 @@ it checked as the spec
     {"name", "path", "pairs": {name: {"n_heads", "n_layers"}}, "model", "training",
      "budget": {"train_subset", "max_minutes"}, "variants": {name: {"type", "pair", "model"}},
      "seeds": [int] | None, "default_pairs": [pair] | None}
+
+The spec stays a plain mapping, not a dataclass like the model, training and pipeline settings: it is stored
+verbatim in results.json ("preset") and read back from there by `--report-only` and by the report writers, so
+the object in memory and the one on disk are the same thing; its "training" and "model" sections are checked by
+the training's own dataclasses (`validate_config`) for every run.
 """
 
 from __future__ import annotations
