@@ -326,18 +326,23 @@ def main(argv: list[str] | None = None) -> int:
         "torch_threads": args.threads or threads,
         **stage_table(run.record, args.steps),
         "run_wall_s": round(wall, 3),
-        "memory_mib": {
-            "peak_rss": round(memory.peak_after / MIB, 1),
-            "rss_before": round(memory.before / MIB, 1),
-            "run_peak_rss": round(memory.run_peak / MIB, 1),
-            "rss_growth": round((memory.run_peak - memory.before) / MIB, 1),
-            "rss_after": round(memory.after / MIB, 1),
-        },
+        "memory_mib": memory_figures(memory),
         "warnings": run.record["warnings"],
     }
     print(format_report(result))
     write_json_report(result, args.json)
     return 0
+
+
+def memory_figures(memory: RssWatcher) -> dict[str, float]:
+    """The process's resident memory around the run, in MiB."""
+    return {
+        "peak_rss": round(memory.peak_after / MIB, 1),
+        "rss_before": round(memory.before / MIB, 1),
+        "run_peak_rss": round(memory.run_peak / MIB, 1),
+        "rss_growth": round((memory.run_peak - memory.before) / MIB, 1),
+        "rss_after": round(memory.after / MIB, 1),
+    }
 
 
 def write_json_report(result: dict, path: Path | None) -> None:
