@@ -248,10 +248,7 @@ def floor_markdown_lines(results: dict) -> list[str]:
 def story_cloze_markdown_lines(results: dict) -> list[str]:
     """Story Cloze accuracy of every run's selected checkpoint and of the floors, beside the published points."""
     rows = [
-        (
-            f"{r['pair']} {MODEL_LABELS[r['model_type']]}" + (f" {r['variant']}" if r.get("variant") else ""),
-            r.get("story_cloze"),
-        )
+        (row_label(r) + (f" (seed {r['seed']})" if r.get("seed") is not None else ""), r.get("story_cloze"))
         for r in results["runs"] + results.get("variants", [])
     ]
     rows += [(f"floor: {f['floor']}", f["story_cloze"]) for f in (results.get("floors") or {}).get("rows", [])]
