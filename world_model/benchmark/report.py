@@ -272,8 +272,8 @@ def plot_ls4(results: dict, path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    pairs = [p["pair"] for p in results["pairs"]]
-    fig = Figure(figsize=(4.5 * max(len(pairs), 1), 4))
+    pairs = list(dict.fromkeys(p["pair"] for p in results["pairs"]))  # one panel per pair, every seed in it
+    fig = Figure(figsize=(4.5 * max(len(pairs), 1) + 3.5, 4.5))
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, max(len(pairs), 1), squeeze=False)[0]
     attention_runs = {a["run_dir"] for a in results.get("attention", [])}
@@ -286,7 +286,7 @@ def plot_ls4(results: dict, path: Path) -> None:
     floors = (results.get("floors") or {}).get("rows", [])
     for ax, pair in zip(axes, pairs):
         plot_ls4_panel(ax, pair, [r for r in shown if r["pair"] == pair], colors, floors)
-    fig.suptitle(f"Last-sentence cross-entropy per epoch (preset {results['preset']['name']})")
+    fig.suptitle(f"Last-sentence cross-entropy per epoch (preset {results['preset']['name']}; stars: selected epochs)")
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=100)
@@ -312,7 +312,7 @@ def plot_ls4_panel(ax: Any, pair: str, rows: list[dict], colors: dict[tuple, str
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("validation $L_{S(4)}$ (nats / token)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
 
 
 def plot_ls4_curve(ax: Any, r: dict, color: str) -> None:
@@ -334,5 +334,4 @@ def plot_ls4_curve(ax: Any, r: dict, color: str) -> None:
             markersize=14,
             color=color,
             markeredgecolor="black",
-            label=f"selected epoch {r['best_epoch']} ({r['stopped_by']})",
         )
