@@ -22,7 +22,7 @@ import shutil
 import signal
 import sys
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -39,7 +39,6 @@ from pipeline.run_folder import RunFolderError, default_out_dir, prepare_run_dir
 from pipeline.run_outputs import rollout_record, window_warnings, write_json, write_outputs
 from world_model.models.checkpoint import CheckpointError
 from world_model.models.generation_config import GenerationConfig
-from world_model.models.precision import autocast
 from world_model.text.windows import caption_window, decode_states
 from world_model.utils.files import replace_dir
 from world_model.utils.timing import timed
@@ -194,14 +193,10 @@ def caption(cap, images: list[np.ndarray]) -> tuple[list[str], list]:
 
 def predict(predictor, readout, window, steps: int, generation: GenerationConfig) -> list[dict]:
     """`generation.futures` rollouts of `steps` states from the (1, T, N) window: [{"sentences", "token_ids"}]."""
-    generation = replace(generation, end_ids=predictor.vocab.end_ids)
-    generator = generation.generator()
-    predictions = []
-    for _ in range(generation.futures):
-        with autocast(generation.precision, window.device):
-            ids = readout.rollout(predictor.model, window, steps, generation, generator)[0].cpu()  # (steps, N)
-        predictions.append({"sentences": decode_states(ids, predictor.vocab), "token_ids": ids.tolist()})
-    return predictions
+    return [
+        {"sentences": decode_states(ids, predictor.vocab), "token_ids": ids.tolist()}
+        for ids in readout.futures(predictor.model, predictor.vocab, window, steps, generation)
+    ]
 
 
 def render_states(

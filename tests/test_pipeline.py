@@ -16,6 +16,7 @@ from pipeline.config import FrameSampling, ModelChoice
 from pipeline.rollout import RolloutError, main, run_rollout
 from pipeline.tiny_pack import make_tiny_blip, make_tiny_sd
 from tests.model_factories import one_torch_thread, write_test_clip
+from world_model.generation.sentence_bank import Readout
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.four_tensor_config import FourTensorConfig
 from world_model.models.generation_config import GenerationConfig
@@ -260,6 +261,8 @@ def test_bf16_precision_runs_the_predictor_under_autocast(models, clip, tmp_path
         def rollout(self, *args):
             seen.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
             return self.readout.rollout(*args)
+
+        futures = Readout.futures  # the readout's own drawing, through this rollout
 
     monkeypatch.setattr(rollout_module, "load_readout", lambda *a: Watching(real(*a)))
     with one_torch_thread():

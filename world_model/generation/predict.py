@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from transformers import HfArgumentParser
@@ -26,7 +25,6 @@ from transformers import HfArgumentParser
 from world_model.generation.sentence_bank import resolve_readout
 from world_model.models.checkpoint import CheckpointError
 from world_model.models.generation_config import GenerationConfig
-from world_model.models.precision import autocast
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import tokenize
 from world_model.text.windows import caption_window, decode_states
@@ -57,13 +55,7 @@ def predict(
         for i, n in enumerate((len(tokenize(s)) for s in sentences), 1)
         if n > c.n_tokens
     ]
-    generation = replace(generation, end_ids=vocab.end_ids)
-    generator = generation.generator()
-    futures = []
-    for _ in range(generation.futures):
-        with autocast(generation.precision, window.token_ids.device):
-            ids = chosen.rollout(model, window.token_ids, steps, generation, generator)[0]
-        futures.append(decode_states(ids, vocab))
+    futures = [decode_states(ids, vocab) for ids in chosen.futures(model, vocab, window.token_ids, steps, generation)]
     return {
         "checkpoint": str(checkpoint),
         "readout": chosen.kind,

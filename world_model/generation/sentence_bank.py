@@ -28,7 +28,7 @@ import os
 import re
 import sys
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -37,6 +37,7 @@ import torch
 from world_model.models.checkpoint import resolve_folder
 from world_model.models.decoding import KNOWN_SENTENCES_NAME, choose_candidates
 from world_model.models.generation_config import READOUT_CHOICES, GenerationConfig
+from world_model.models.precision import autocast
 from world_model.text.vocab import PAD_ID, UNK_ID, UnknownWordError, Vocabulary, tokenize
 
 BANK_NAME = "sentence_bank.json.gz"  # in a predictor folder: {"sentences": [...], "names": [...], "source": ...}
@@ -336,6 +337,20 @@ class Readout:
         if self.kind == "bank":
             return bank_rollout(model, window, steps, self.bank, generation.temperature, generation.top_k, generator)
         return model.rollout(window, steps, generation, generator, candidates=self.known)
+
+    def futures(
+        self, model, vocab: Vocabulary, window: torch.Tensor, steps: int, generation: GenerationConfig
+    ) -> list[torch.Tensor]:
+        """`generation.futures` rollouts of `steps` states from one window (1, T, N), drawn in turn from one generator
+        seeded with `generation.seed`, under its precision, a sentence ending at the vocabulary's end tokens; each a
+        (steps, N) tensor of ids on the CPU."""
+        generation = replace(generation, end_ids=vocab.end_ids)
+        generator = generation.generator()
+        futures = []
+        for _ in range(generation.futures):
+            with autocast(generation.precision, window.device):
+                futures.append(self.rollout(model, window, steps, generation, generator)[0].cpu())
+        return futures
 
 
 def resolve_readout(
