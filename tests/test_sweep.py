@@ -37,18 +37,15 @@ def test_sweep_trains_every_rate_and_model_on_held_out_stories_and_chooses_the_l
 ):
     preset = write_preset(tmp_path / "tiny.yaml", TINY_PRESET)
     out = tmp_path / "sweep"
-    results = sweep.run_sweep(
-        preset,
-        data_dir,
-        out,
-        [1e-4, 3e-2],
-        pair="h1_l1",
-        holdout=8,
-        train_subset=None,
-        max_epochs=1,
-        progress=False,
-        command="test",
-    )
+    settings = {
+        "pair": "h1_l1",
+        "holdout": 8,
+        "train_subset": None,
+        "max_epochs": 1,
+        "progress": False,
+        "command": "test",
+    }
+    results = sweep.run_sweep(preset, data_dir, out, [1e-4, 3e-2], **settings)
     assert [(r["lr"], r["model_type"]) for r in results["runs"]] == [
         (1e-4, "four_tensor"),
         (1e-4, "baseline"),
@@ -65,17 +62,5 @@ def test_sweep_trains_every_rate_and_model_on_held_out_stories_and_chooses_the_l
     assert results["chosen_lr"] == min(means, key=means.get)
     assert f"Chosen: lr {results['chosen_lr']:g}" in (out / "results.md").read_text()
     monkeypatch.setattr(sweep.train_mod, "train", lambda *a, **k: pytest.fail("a finished run was retrained"))
-    again = sweep.run_sweep(
-        preset,
-        data_dir,
-        out,
-        [1e-4, 3e-2],
-        pair="h1_l1",
-        holdout=8,
-        train_subset=None,
-        max_epochs=1,
-        resume=True,
-        progress=False,
-        command="test",
-    )
+    again = sweep.run_sweep(preset, data_dir, out, [1e-4, 3e-2], resume=True, **settings)
     assert again["runs"] == results["runs"], "finished runs are read back, not retrained"
