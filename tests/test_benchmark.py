@@ -2,6 +2,7 @@
 a tiny preset."""
 
 import json
+import re
 import shutil
 import time
 import types
@@ -665,3 +666,37 @@ def test_precision_flag_sets_every_runs_training_precision(data_dir, preset, tmp
     assert len(configs) == 4 and {c["training"]["precision"] for c in configs} == {"bf16"}
     with pytest.raises(ValueError, match="precision"):
         bench.run_benchmark(preset, data_dir, tmp_path / "other", progress=False, precision="fp16")
+
+
+def test_rows_flag_trains_only_the_named_rows_and_rejects_unknown_ones(data_dir, tmp_path, monkeypatch):
+    preset = write_preset(
+        tmp_path / "rows.yaml",
+        {
+            **TINY_PRESET,
+            "pairs": {"h1_l1": {"n_heads": 1, "n_layers": 1}},
+            "seeds": [3, 4],
+            "variants": {"causal": {"type": "four_tensor", "pair": "h1_l1", "model": {"temporal_causal": True}}},
+        },
+    )
+    trained = []
+    monkeypatch.setattr(bench, "estimate_epoch_seconds", lambda config, *a, **k: 1.0)
+    monkeypatch.setattr(
+        train_mod,
+        "train",
+        lambda config, data, out, **kw: trained.append(Path(out).name) or Path(out).mkdir(parents=True),
+    )
+    monkeypatch.setattr(bench, "write_reports", lambda results, out: None)
+    args = ["--preset", str(preset), "--data", str(data_dir), "--no-progress"]
+    assert bench.main([*args, "--out", str(tmp_path / "out"), "--rows", "causal,baseline"]) == 0
+    assert trained == [
+        "h1_l1_baseline_s3",
+        "h1_l1_four_tensor_causal_s3",
+        "h1_l1_baseline_s4",
+        "h1_l1_four_tensor_causal_s4",
+    ]
+    for bad, message in (
+        ("gpt", "unknown row(s) ['gpt'] for preset 'rows'; known rows: four_tensor,baseline,causal"),
+        ("baseline,baseline", "--rows names a row twice"),
+    ):
+        with pytest.raises(BenchmarkError, match=re.escape(message)):
+            bench.run_benchmark(preset, data_dir, tmp_path / "other", progress=False, rows=bad.split(","))

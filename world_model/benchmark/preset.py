@@ -201,6 +201,26 @@ def choose_pairs(spec: dict, pairs: Sequence[str] | None) -> list[str]:
     return chosen
 
 
+def choose_rows(spec: dict, rows: Sequence[str] | None) -> list[str] | None:
+    """The rows to run: `rows` (model types and variant names of the preset, each once), else None (every row).
+
+    A row is one model of every chosen pair and seed: "four_tensor", "baseline", or a variant's name; naming rows
+    lets several processes share a long benchmark (e.g. one trains the baselines, another the variants).
+    """
+    if rows is None:
+        return None
+    known = list(MODELS) + list(spec["variants"])
+    chosen = [r.strip() for r in rows if r.strip()]
+    unknown = [r for r in chosen if r not in known]
+    if unknown or not chosen:
+        raise BenchmarkError(
+            f"unknown row(s) {unknown or list(rows)!r} for preset {spec['name']!r}; known rows: {','.join(known)}"
+        )
+    if len(set(chosen)) != len(chosen):
+        raise BenchmarkError(f"--rows names a row twice: {','.join(chosen)}")
+    return chosen
+
+
 def choose_budget(
     spec: dict, max_epochs: int | None, max_minutes: float | None, train_subset: int | None
 ) -> tuple[int | None, float | None]:

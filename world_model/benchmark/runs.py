@@ -70,10 +70,22 @@ class Run:
     def name(self) -> str:
         return run_name(self.pair, self.model_type, self.variant, self.seed)
 
+    @property
+    def row(self) -> str:
+        """The row the run belongs to: its variant's name, else its model type."""
+        return self.variant or self.model_type
 
-def plan_runs(spec: dict, pairs: list[str], seeds: list[int] | None, max_epochs: int | None, out: Path) -> list[Run]:
-    """Every run, in training order: seed by seed (so that a partial benchmark has whole seeds), pair by pair,
-    the pair's two runs and then its variants."""
+
+def plan_runs(
+    spec: dict,
+    pairs: list[str],
+    seeds: list[int] | None,
+    max_epochs: int | None,
+    out: Path,
+    rows: list[str] | None = None,
+) -> list[Run]:
+    """Every run of the chosen `rows` (None: all), in training order: seed by seed (so that a partial benchmark
+    has whole seeds), pair by pair, the pair's two runs and then its variants."""
     runs = []
     for seed in seeds or [None]:
         for pair in pairs:
@@ -99,7 +111,7 @@ def plan_runs(spec: dict, pairs: list[str], seeds: list[int] | None, max_epochs:
                 for name, v in spec["variants"].items()
                 if v["pair"] == pair
             ]
-    return runs
+    return [run for run in runs if rows is None or run.row in rows]
 
 
 def load_windows(

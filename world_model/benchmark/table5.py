@@ -1,7 +1,8 @@
 """The Table 5 benchmark: the 4-tensor model against the flat baseline at matched settings (paper, sections 7-9).
 
     python -m world_model.benchmark --preset cpu --data DATA_DIR --out OUT_DIR \
-        [--max-epochs E] [--max-minutes M] [--train-subset K] [--pairs h2_l2,h4_l2,h4_l3] [--resume] [--no-progress]
+        [--max-epochs E] [--max-minutes M] [--train-subset K] [--pairs h2_l2,h4_l2,h4_l3] [--seeds 0,1,2]
+        [--rows four_tensor,baseline,VARIANT] [--resume] [--report-only] [--no-progress]
     python -m world_model.benchmark --preset attention --data DATA_DIR --out OUT_DIR     # issue 7: low-rank attention
     accelerate launch -m world_model.benchmark --preset paper --data DATA_DIR --out OUT_DIR     # GPUs
 
@@ -62,7 +63,14 @@ from typing import Sequence
 
 import torch
 
-from world_model.benchmark.preset import BenchmarkError, choose_budget, choose_pairs, choose_seeds, load_preset
+from world_model.benchmark.preset import (
+    BenchmarkError,
+    choose_budget,
+    choose_pairs,
+    choose_rows,
+    choose_seeds,
+    load_preset,
+)
 from world_model.benchmark.report import collect_results, load_average, print_summary, results_header, write_reports
 from world_model.benchmark.runs import (
     RESULTS_JSON,
@@ -97,11 +105,13 @@ def run_benchmark(
     seeds: Sequence[int] | None = None,
     report_only: bool = False,
     precision: str | None = None,
+    rows: Sequence[str] | None = None,
 ) -> dict:
     """Check everything, then train every (pair, model) run and write the reports; returns results.json's dict.
 
     Every check (preset, pairs, budgets, data folder, output folder, time budget) runs before any training.
-    `precision` (fp32 or bf16) overrides the preset's `training.precision` for every run.
+    `precision` (fp32 or bf16) overrides the preset's `training.precision` for every run; `rows` (model types and
+    variant names) restricts the runs to those rows, so that several processes can share one benchmark.
     """
     t_start = time.monotonic()
     started_at = utc_now()
@@ -112,7 +122,9 @@ def run_benchmark(
     k, m = choose_budget(spec, max_epochs, max_minutes, train_subset)
     seed_list = choose_seeds(spec, seeds)
     out = Path(out_dir)
-    runs = plan_runs(spec, chosen, seed_list, max_epochs, out)
+    runs = plan_runs(spec, chosen, seed_list, max_epochs, out, choose_rows(spec, rows))
+    if not runs:
+        raise BenchmarkError(f"--rows {','.join(rows or [])} has no run in the pairs {','.join(chosen)}")
     find_split_files(data_dir)  # DataError (no training or no validation file) before anything else reads the data
     n_tokens = runs[0].config["model"]["n_tokens"]
     corpus, vocab, train_windows, val_windows = load_windows(data_dir, n_tokens, k)
@@ -333,6 +345,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--pairs", help="comma-separated pair names of the preset (default: all, e.g. h2_l2,h4_l2,h4_l3)"
     )
     parser.add_argument("--seeds", help="comma-separated seeds (default: the preset's seeds, or its training seed)")
+    parser.add_argument(
+        "--rows",
+        help="comma-separated rows to run: four_tensor, baseline and the preset's variant names (default: all); "
+        "lets several processes share one benchmark",
+    )
     parser.add_argument("--resume", action="store_true", help="skip finished runs and resume interrupted ones")
     parser.add_argument(
         "--report-only",
@@ -356,6 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_minutes=args.max_minutes,
             train_subset=args.train_subset,
             pairs=args.pairs.split(",") if args.pairs is not None else None,
+            rows=args.rows.split(",") if args.rows is not None else None,
             resume=args.resume,
             progress=not args.no_progress,
             seeds=parse_seeds(args.seeds),
