@@ -111,18 +111,8 @@ def run_loop(
     shown = storyboard_rows(records, storyboard_episodes)
     if shown:
         with timed(timings, "storyboard"):
-            rows = [
-                (
-                    records[i],
-                    strips[i][:observe],
-                    captions[i][:observe],
-                    truths[i],
-                    loop[i],
-                    [renders[s] for s in loop[i]],
-                )
-                for i in shown
-            ]
-            write_storyboard(folder / "storyboard.png", rows, observe)
+            rows = [(records[i], strips[i][:observe], captions[i][:observe], truths[i], loop[i]) for i in shown]
+            write_storyboard(folder / "storyboard.png", [(*r, [renders[s] for s in r[4]]) for r in rows], observe)
     counts = timing_counts(readouts, len(records), sum(len(s) for s in strips), len(renders))
     return {
         "caption_accuracy": caption_accuracy,
@@ -130,17 +120,22 @@ def run_loop(
         "readout": readouts,
         "next_state": next_state,
         "round_trip": trip,
-        "timings": {
-            k: {
-                "seconds": round(v, 3),
-                "items": counts[k][0],
-                "unit": counts[k][1],
-                "ms_per_item": round(1000 * v / counts[k][0], 2),
-            }
-            for k, v in timings.items()
-        },
+        "timings": timing_report(timings, counts),
         "storyboard": [records[i]["id"] for i in shown],
         "episodes": episode_records(records, captions, truths, episode_ceilings, predictions, recaptions),
+    }
+
+
+def timing_report(timings: dict[str, float], counts: dict[str, tuple[int, str]]) -> dict:
+    """Each stage's seconds beside its item count and unit (from ``timing_counts``) and the milliseconds per item."""
+    return {
+        k: {
+            "seconds": round(v, 3),
+            "items": counts[k][0],
+            "unit": counts[k][1],
+            "ms_per_item": round(1000 * v / counts[k][0], 2),
+        }
+        for k, v in timings.items()
     }
 
 
