@@ -60,7 +60,17 @@ def test_sweep_trains_every_rate_and_model_on_held_out_stories_and_chooses_the_l
         assert summary["best_metrics"]["val_last_ce"] == r["heldout_last_ce"]
     means = {lr: sum(r["heldout_last_ce"] for r in results["runs"] if r["lr"] == lr) / 2 for lr in (1e-4, 3e-2)}
     assert results["chosen_lr"] == min(means, key=means.get)
-    assert f"Chosen: lr {results['chosen_lr']:g}" in (out / "results.md").read_text()
+    report = (out / "results.md").read_text()
+    assert f"Chosen: lr {results['chosen_lr']:g}" in report and "widen --lrs" in report  # two rates: always an edge
     monkeypatch.setattr(sweep.train_mod, "train", lambda *a, **k: pytest.fail("a finished run was retrained"))
     again = sweep.run_sweep(preset, data_dir, out, [1e-4, 3e-2], resume=True, **settings)
     assert again["runs"] == results["runs"], "finished runs are read back, not retrained"
+
+
+def test_the_report_warns_only_when_the_chosen_rate_is_at_the_edge_of_the_grid():
+    def results(means):
+        return {"mean_heldout_last_ce": means, "chosen_lr": float(min(means, key=means.get))}
+
+    assert sweep.edge_note(results({"1e-3": 6.3, "2e-3": 6.2, "4e-3": 6.25})) == ""
+    assert "grid's largest rate" in sweep.edge_note(results({"1e-3": 6.3, "2e-3": 6.2, "4e-3": 6.1}))
+    assert "grid's smallest rate" in sweep.edge_note(results({"4e-3": 6.3, "1e-3": 6.0, "2e-3": 6.2}))

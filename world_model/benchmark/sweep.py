@@ -119,7 +119,17 @@ def markdown(results: dict) -> str:
         ]
         chosen = float(lr) == results["chosen_lr"]
         lines.append(f"| {lr} | " + " | ".join(cells) + (f" | **{mean:.4f}** |" if chosen else f" | {mean:.4f} |"))
-    return "\n".join(lines + ["", f"Chosen: lr {results['chosen_lr']:g} for both models.", ""])
+    return "\n".join(lines + ["", f"Chosen: lr {results['chosen_lr']:g} for both models." + edge_note(results), ""])
+
+
+def edge_note(results: dict) -> str:
+    """A warning when the chosen rate is the grid's largest or smallest: the best rate may lie beyond the grid."""
+    lrs = sorted(float(lr) for lr in results["mean_heldout_last_ce"])
+    chosen = results["chosen_lr"]
+    if len(lrs) < 2 or lrs[0] < chosen < lrs[-1]:
+        return ""
+    side = "largest" if chosen == lrs[-1] else "smallest"
+    return f" It is the grid's {side} rate, so the best one may lie beyond the grid: widen --lrs to check."
 
 
 def main(argv: Sequence[str] | None = None) -> int:
