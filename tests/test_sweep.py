@@ -1,6 +1,7 @@
 """The learning-rate sweep on held-out training stories (`world_model.benchmark.sweep`) and the training's holdout."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ import torch
 from tests.test_benchmark import TINY_PRESET, write_preset
 from tests.test_train import make_data
 from world_model.benchmark import sweep
+from world_model.benchmark.preset import load_preset, run_config
 from world_model.data.rocstories import DataError, build_vocabulary, encode_windows, load_corpus
 from world_model.training.batches import load_training_windows
 
@@ -74,3 +76,15 @@ def test_the_report_warns_only_when_the_chosen_rate_is_at_the_edge_of_the_grid()
     assert sweep.edge_note(results({"1e-3": 6.3, "2e-3": 6.2, "4e-3": 6.25})) == ""
     assert "grid's largest rate" in sweep.edge_note(results({"1e-3": 6.3, "2e-3": 6.2, "4e-3": 6.1}))
     assert "grid's smallest rate" in sweep.edge_note(results({"4e-3": 6.3, "1e-3": 6.0, "2e-3": 6.2}))
+
+
+def test_the_cpu_preset_uses_the_rate_its_committed_sweep_chose_with_its_other_settings():
+    folder = Path(__file__).resolve().parents[1] / "docs" / "benchmark" / "cpu_sweep"
+    results = json.loads((folder / "results.json").read_text())
+    cpu = run_config(load_preset("cpu"), results["pair"], "four_tensor")
+    assert results["preset"] == "cpu" and cpu["training"]["lr"] == results["chosen_lr"]
+    swept = {"lr", "max_epochs", "schedule_epochs", "holdout_stories"}  # what the sweep sets itself
+    for run in results["runs"]:
+        config = json.loads((folder / "runs" / f"{run['model_type']}_lr{run['lr']:g}" / "summary.json").read_text())
+        trained = {k: v for k, v in config["config"]["training"].items() if k not in swept}
+        assert trained == {k: v for k, v in cpu["training"].items() if k not in swept}, run
