@@ -111,8 +111,18 @@ def run_loop(
     shown = storyboard_rows(records, storyboard_episodes)
     if shown:
         with timed(timings, "storyboard"):
-            rows = [(records[i], strips[i][:observe], captions[i][:observe], truths[i], loop[i]) for i in shown]
-            write_storyboard(folder / "storyboard.png", [(*r, [renders[s] for s in r[4]]) for r in rows], observe)
+            rows = [
+                (
+                    records[i],
+                    strips[i][:observe],
+                    captions[i][:observe],
+                    truths[i],
+                    loop[i],
+                    [renders[s] for s in loop[i]],
+                )
+                for i in shown
+            ]
+            write_storyboard(folder / "storyboard.png", rows, observe)
     counts = timing_counts(readouts, len(records), sum(len(s) for s in strips), len(renders))
     return {
         "caption_accuracy": caption_accuracy,
