@@ -652,7 +652,10 @@ def test_seeds_train_every_row_once_per_seed_and_pair_the_differences(data_dir, 
     assert diff["seeds"] == [3, 4] and diff["differences"] == pytest.approx([b - f for b, f in zip(base, four)])
     assert diff["ci95"][0] < diff["mean"] < diff["ci95"][1]
     assert "four_tensor reference - causal" in paired
-    assert "## Over seeds" in (out / "results.md").read_text()
+    md = (out / "results.md").read_text()
+    assert "## Over seeds" in md
+    shared = next(line for line in md.splitlines() if line.startswith("Settings shared"))
+    assert "seeds 3, 4" in shared and "seed 1" not in shared  # the seeds run, not the preset's default seed
 
 
 def test_precision_flag_sets_every_runs_training_precision(data_dir, preset, tmp_path, monkeypatch):

@@ -80,16 +80,20 @@ def settings_lines(results: dict) -> list[str]:
         "Settings shared by every run: "
         + ", ".join(f"{k} {v}" for k, v in results["preset"]["model"].items())
         + "; "
-        + ", ".join(
-            f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
-            for k, v in {**results["preset"]["training"], "max_epochs": s["max_epochs"]}.items()
-        )
+        + ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in shared_training(results).items())
         + f"; training subset: {s['train_subset'] or 'all'} stories "
         f"({results.get('train_windows')} windows); validation: {results.get('validation_windows')} windows; "
         f"time budget: {fmt(s['max_minutes'], '.1f') + ' min for the command' if s['max_minutes'] else 'none'}"
         + (f" ({s['share_minutes']:.2f} min per run)" if s.get("share_minutes") else "")
         + ".",
     ]
+
+
+def shared_training(results: dict) -> dict:
+    """The preset's training settings as run: the command's epoch cap, and its seeds in place of the default seed."""
+    training = {k: v for k, v in results["preset"]["training"].items() if k != "seed"}
+    seeds = ", ".join(str(seed) for seed in results["settings"]["seeds"])
+    return {**training, "max_epochs": results["settings"]["max_epochs"], "seeds": seeds}
 
 
 def runs_table_lines(results: dict) -> list[str]:
