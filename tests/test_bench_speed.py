@@ -38,10 +38,11 @@ def test_bench_speed_reports_both_precisions_and_the_flop_rate(tmp_path, capsys)
             figures[f"train_windows_per_second_{p}"] > 0 and len(figures[f"train_windows_per_second_{p}_rounds"]) == 1
         )
         best_peak = max(figures["matmul_peak_gflops_fp32"], figures["matmul_peak_gflops_bf16"])
-        # achieved GFLOP/s is rounded to 0.05 and the fraction to 0.0005: they agree within those roundings
-        assert (
-            abs(figures[f"fraction_of_machine_peak_{p}"] - figures[f"achieved_gflops_{p}"] / best_peak)
-            <= 0.05 / best_peak + 6e-4
+        # GFLOP/s figures are rounded to within 0.05 and the fraction to 0.0005: they agree within those roundings
+        # (multiplied out, not divided: on a loaded machine the 32 x 32 peak can round to 0.0)
+        fraction = figures[f"fraction_of_machine_peak_{p}"]
+        assert abs(fraction * best_peak - figures[f"achieved_gflops_{p}"]) <= 6e-4 * (best_peak + 0.05) + 0.05 * (
+            fraction + 1
         )
         assert figures[f"rollout_step_ms_batch1_{p}"] > 0
     assert figures["gflop_per_window"] > 0 and figures["cpu"]

@@ -90,10 +90,13 @@ def settings_lines(results: dict) -> list[str]:
 
 
 def shared_training(results: dict) -> dict:
-    """The preset's training settings as run: the command's epoch cap, and its seeds in place of the default seed."""
-    training = {k: v for k, v in results["preset"]["training"].items() if k != "seed"}
-    seeds = ", ".join(str(seed) for seed in results["settings"]["seeds"])
-    return {**training, "max_epochs": results["settings"]["max_epochs"], "seeds": seeds}
+    """The preset's training settings as run: the command's epoch cap, and its seeds (when it ran a list of seeds)
+    in place of the single seed."""
+    training = {**results["preset"]["training"], "max_epochs": results["settings"]["max_epochs"]}
+    seeds = results["settings"]["seeds"]
+    if not seeds:
+        return training
+    return {**{k: v for k, v in training.items() if k != "seed"}, "seeds": ", ".join(str(seed) for seed in seeds)}
 
 
 def runs_table_lines(results: dict) -> list[str]:
