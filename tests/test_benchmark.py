@@ -656,6 +656,8 @@ def test_seeds_train_every_row_once_per_seed_and_pair_the_differences(data_dir, 
     assert "## Over seeds" in md
     shared = next(line for line in md.splitlines() if line.startswith("Settings shared"))
     assert "seeds 3, 4" in shared and "seed 1" not in shared  # the seeds run, not the preset's default seed
+    for seed in (3, 4):  # the notes name the seed of each pair they speak of
+        assert sum(note.startswith(f"h1_l1 (seed {seed}): Δ L_S(4)") for note in results["notes"]) == 1
 
 
 def test_precision_flag_sets_every_runs_training_precision(data_dir, preset, tmp_path, monkeypatch):

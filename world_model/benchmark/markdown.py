@@ -44,6 +44,11 @@ def row_label(row: dict) -> str:
     return f"{row['pair']} {MODEL_LABELS[row['model_type']]}" + (f" {row['variant']}" if row.get("variant") else "")
 
 
+def seed_suffix(record: dict) -> str:
+    """ " (seed 2)" for a run or pair record of a multi-seed benchmark, "" for one without a seed."""
+    return f" (seed {record['seed']})" if record.get("seed") is not None else ""
+
+
 # ----- results.md -----
 def write_markdown(results: dict, path: Path) -> None:
     lines = settings_lines(results) + runs_table_lines(results) + pairs_table_lines(results)
@@ -116,9 +121,8 @@ def runs_table_lines(results: dict) -> list[str]:
     ]
     attention_variants = {a["run_dir"] for a in results.get("attention", [])}
     for r in results["runs"] + [v for v in results.get("variants", []) if v["run_dir"] not in attention_variants]:
-        seed = f" (seed {r['seed']})" if r.get("seed") is not None else ""
         lines.append(
-            f"| {r['pair']}{seed} | {r['n_heads']} | {r['n_layers']} | {row_label(r).split(' ', 1)[1]} | "
+            f"| {r['pair']}{seed_suffix(r)} | {r['n_heads']} | {r['n_layers']} | {row_label(r).split(' ', 1)[1]} | "
             f"{r['parameters']:,} | {r['best_epoch']}/{r['last_epoch']} | {r['stopped_by']} | "
             f"{fmt(r['val_last_ce'], '.4f')} | {fmt(r['val_token_accuracy'], '.4f')} | {fmt(r['val_perplexity'], '.1f')} | "
             f"{fmt_seconds(r['wall_seconds_to_best'])} | {fmt_seconds(r['wall_seconds_total'])} | "
@@ -142,7 +146,7 @@ def pairs_table_lines(results: dict) -> list[str]:
     ]
     by = {(r["pair"], r.get("seed"), r["model_type"]): r for r in results["runs"]}
     for p in results["pairs"]:
-        name = p["pair"] + (f" (seed {p['seed']})" if p.get("seed") is not None else "")
+        name = p["pair"] + seed_suffix(p)
         if not p["complete"]:
             lines.append(f"| {name} | — | — | — | — | — | incomplete |")
             continue
@@ -255,8 +259,7 @@ def floor_markdown_lines(results: dict) -> list[str]:
 def story_cloze_markdown_lines(results: dict) -> list[str]:
     """Story Cloze accuracy of every run's selected checkpoint and of the floors, beside the published points."""
     rows = [
-        (row_label(r) + (f" (seed {r['seed']})" if r.get("seed") is not None else ""), r.get("story_cloze"))
-        for r in results["runs"] + results.get("variants", [])
+        (row_label(r) + seed_suffix(r), r.get("story_cloze")) for r in results["runs"] + results.get("variants", [])
     ]
     rows += [(f"floor: {f['floor']}", f["story_cloze"]) for f in (results.get("floors") or {}).get("rows", [])]
     halves = next((list(c) for _, c in rows if c), [])

@@ -6,9 +6,8 @@ from __future__ import annotations
 import math
 
 from world_model.benchmark import attention as attn
-from world_model.benchmark.markdown import fmt
+from world_model.benchmark.markdown import fmt, row_label, seed_suffix
 from world_model.benchmark.paper import PAPER_VOCAB_SIZE
-from world_model.benchmark.preset import MODEL_LABELS
 
 
 def notes_for(results: dict) -> list[str]:
@@ -18,7 +17,7 @@ def notes_for(results: dict) -> list[str]:
         notes += run_notes(r)
     for p in results["pairs"]:
         notes += pair_notes(p)
-    earlier = [f"{r['pair']} {MODEL_LABELS[r['model_type']]}" for r in results["runs"] if r.get("skipped_by_resume")]
+    earlier = [row_label(r) + seed_suffix(r) for r in results["runs"] if r.get("skipped_by_resume")]
     if earlier:
         notes.append(
             f"Trained by an earlier invocation and skipped by --resume: {', '.join(earlier)}; their times were measured "
@@ -54,7 +53,7 @@ def setting_notes(results: dict) -> list[str]:
 def run_notes(r: dict) -> list[str]:
     """One run record's notes: a stop other than the rule's, a minimum of L_S(4) off the selected epoch, a resume."""
     notes = []
-    label = f"{r['pair']} {MODEL_LABELS[r['model_type']]}"
+    label = row_label(r) + seed_suffix(r)
     if r["stop_reason"] == "time_budget":
         notes.append(
             f"{label}: stopped by the time budget after epoch {r['last_epoch']}, before the section 8.2 rule fired; "
@@ -87,19 +86,20 @@ def run_notes(r: dict) -> list[str]:
 
 def pair_notes(p: dict) -> list[str]:
     """One pair record's notes: incomplete, or its Δ L_S(4) and whether its runs are matched."""
+    name = p["pair"] + seed_suffix(p)
     if not p["complete"]:
-        return [f"{p['pair']}: incomplete, only one of the two runs has finished."]
+        return [f"{name}: incomplete, only one of the two runs has finished."]
     notes = []
     if p["delta_last_ce"] is None:
-        notes.append(f"{p['pair']}: no Δ L_S(4): a run has no finite validation epoch.")
+        notes.append(f"{name}: no Δ L_S(4): a run has no finite validation epoch.")
     else:
         lead = "4-tensor ahead" if p["delta_last_ce"] > 0 else "baseline ahead" if p["delta_last_ce"] < 0 else "a tie"
         notes.append(
-            f"{p['pair']}: Δ L_S(4) = {p['delta_last_ce']:+.4f} nats at the selected checkpoints ({lead}); "
+            f"{name}: Δ L_S(4) = {p['delta_last_ce']:+.4f} nats at the selected checkpoints ({lead}); "
             f"over all logged epochs {fmt(p['delta_lowest_last_ce'], '+.4f')}."
         )
     if not p["matched"]:
-        notes.append(f"{p['pair']}: the two runs are NOT matched: " + "; ".join(p["mismatches"]))
+        notes.append(f"{name}: the two runs are NOT matched: " + "; ".join(p["mismatches"]))
     return notes
 
 
@@ -111,7 +111,7 @@ def closest_match_notes(pairs: list[dict]) -> list[str]:
     close = min(ranked, key=lambda p: abs(math.log(p["parameter_ratio"])))
     verdict = "the 4-tensor model is ahead" if close["delta_last_ce"] > 0 else "the 4-tensor model is NOT ahead"
     return [
-        f"Closest parameter match here: {close['pair']} (baseline / 4-tensor parameters "
+        f"Closest parameter match here: {close['pair']}{seed_suffix(close)} (baseline / 4-tensor parameters "
         f"{close['parameter_ratio']:.3f}); there {verdict} (Δ L_S(4) {close['delta_last_ce']:+.4f}). "
         "In the paper it is h4_l2 (175.9M / 172.5M), Δ +0.147."
     ]
