@@ -624,7 +624,7 @@ def test_report_only_reads_light_run_files_and_trains_nothing(finished, data_dir
         assert row["val_last_ce"] == before[row["run_dir"]]["val_last_ce"]
 
 
-def test_seeds_train_every_row_once_per_seed_and_pair_the_differences(data_dir, tmp_path):
+def test_seeds_train_every_row_once_per_seed_and_pair_the_differences(data_dir, tmp_path, capsys):
     preset = write_preset(
         tmp_path / "seeds.yaml",
         {
@@ -658,6 +658,12 @@ def test_seeds_train_every_row_once_per_seed_and_pair_the_differences(data_dir, 
     assert "seeds 3, 4" in shared and "seed 1" not in shared  # the seeds run, not the preset's default seed
     for seed in (3, 4):  # the notes name the seed of each pair they speak of
         assert sum(note.startswith(f"h1_l1 (seed {seed}): Δ L_S(4)") for note in results["notes"]) == 1
+    printed = capsys.readouterr().out  # the command's last lines: every run (variants too) by seed, then the means
+    for seed in (3, 4):
+        assert f"h1_l1 4-tensor causal (seed {seed}): " in printed and f"h1_l1 baseline (seed {seed}): " in printed
+    mean = rows[("four_tensor", None)]["val_last_ce"]["mean"]
+    assert f"h1_l1 4-tensor, seeds 3, 4: L_S(4) {mean:.4f} ± " in printed
+    assert f"h1_l1 baseline - 4-tensor, seeds 3, 4: mean {diff['mean']:+.4f}, 95% interval [" in printed
 
 
 def test_precision_flag_sets_every_runs_training_precision(data_dir, preset, tmp_path, monkeypatch):

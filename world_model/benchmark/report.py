@@ -19,7 +19,15 @@ from typing import Any
 import torch
 
 from world_model.benchmark import attention as attn
-from world_model.benchmark.markdown import fmt, fmt_parameters, fmt_seconds, row_label, write_markdown
+from world_model.benchmark.markdown import (
+    fmt,
+    fmt_mean_sd,
+    fmt_parameters,
+    fmt_seconds,
+    row_label,
+    seed_suffix,
+    write_markdown,
+)
 from world_model.benchmark.notes import notes_for
 from world_model.benchmark.paper import paper_parameter_check
 from world_model.benchmark.preset import MODEL_LABELS, MODELS, SHARED_MODEL_KEYS, run_config
@@ -229,15 +237,15 @@ def write_reports(results: dict, out: Path) -> None:
 
 
 def print_summary(results: dict, out: Path) -> None:
-    """The end of the command's output: the files written, each run, pair, attention variant and floor, and the
-    paper-preset check."""
+    """The end of the command's output: the files written, each run (variants too, with its seed), pair, mean over
+    seeds and paired difference, attention variant and floor, and the paper-preset check."""
     print(
         f"\nresults: {out / RESULTS_MD}, {out / RESULTS_JSON}, {out / FIGURE}"
         + (f", {out / attn.PARETO_FIGURE}" if results.get("attention") else "")
     )
-    for r in results["runs"]:
+    for r in results["runs"] + results.get("variants", []):
         print(
-            f"  {r['pair']:>6} {MODEL_LABELS[r['model_type']]:>8}: {r['parameters']:>12,} parameters, "
+            f"  {row_label(r)}{seed_suffix(r)}: {r['parameters']:,} parameters, "
             f"epoch {r['best_epoch']}/{r['last_epoch']} ({r['stopped_by']}), L_S(4) {fmt(r['val_last_ce'], '.4f')}, "
             f"acc {fmt(r['val_token_accuracy'], '.4f')}, to selected {fmt_seconds(r['wall_seconds_to_best'])}, "
             f"{fmt(r['train_windows_per_second'], '.1f')} windows/s"
@@ -245,8 +253,19 @@ def print_summary(results: dict, out: Path) -> None:
     for p in results["pairs"]:
         if p["complete"]:
             print(
-                f"  {p['pair']:>6}: Δ L_S(4) (baseline - 4-tensor) {fmt(p['delta_last_ce'], '+.4f')}, "
+                f"  {p['pair']}{seed_suffix(p)}: Δ L_S(4) (baseline - 4-tensor) {fmt(p['delta_last_ce'], '+.4f')}, "
                 f"time-to-selected ratio (baseline / 4-tensor) {fmt(p['time_to_best_ratio'], '.2f')}"
+            )
+    if results["settings"].get("seeds"):
+        for row in results.get("seed_summary", []):
+            print(
+                f"  {row_label(row)}, seeds {', '.join(map(str, row['seeds']))}: L_S(4) {fmt_mean_sd(row['val_last_ce'], '.4f')}"
+            )
+        for p in results.get("paired", []):
+            ci = p["ci95"]
+            print(
+                f"  {p['pair']} {p['comparison']}, seeds {', '.join(map(str, p['seeds']))}: mean {fmt(p['mean'], '+.4f')}, "
+                + (f"95% interval [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "no interval (one seed)")
             )
     for a in results.get("attention", []):
         print(
