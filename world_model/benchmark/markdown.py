@@ -49,6 +49,13 @@ def seed_suffix(record: dict) -> str:
     return f" (seed {record['seed']})" if record.get("seed") is not None else ""
 
 
+def table_runs(results: dict) -> list[dict]:
+    """The run records listed one per line: the pairs' runs and the variants, less the attention variants (they
+    have their own table)."""
+    attention_variants = {a["run_dir"] for a in results.get("attention", [])}
+    return results["runs"] + [v for v in results.get("variants", []) if v["run_dir"] not in attention_variants]
+
+
 # ----- results.md -----
 def write_markdown(results: dict, path: Path) -> None:
     lines = settings_lines(results) + runs_table_lines(results) + pairs_table_lines(results)
@@ -119,8 +126,7 @@ def runs_table_lines(results: dict) -> list[str]:
         "| time to selected | total time | train windows/s |",
         "|---|---|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    attention_variants = {a["run_dir"] for a in results.get("attention", [])}
-    for r in results["runs"] + [v for v in results.get("variants", []) if v["run_dir"] not in attention_variants]:
+    for r in table_runs(results):
         lines.append(
             f"| {r['pair']}{seed_suffix(r)} | {r['n_heads']} | {r['n_layers']} | {row_label(r).split(' ', 1)[1]} | "
             f"{r['parameters']:,} | {r['best_epoch']}/{r['last_epoch']} | {r['stopped_by']} | "

@@ -26,6 +26,7 @@ from world_model.benchmark.markdown import (
     fmt_seconds,
     row_label,
     seed_suffix,
+    table_runs,
     write_markdown,
 )
 from world_model.benchmark.notes import notes_for
@@ -243,7 +244,7 @@ def print_summary(results: dict, out: Path) -> None:
         f"\nresults: {out / RESULTS_MD}, {out / RESULTS_JSON}, {out / FIGURE}"
         + (f", {out / attn.PARETO_FIGURE}" if results.get("attention") else "")
     )
-    for r in results["runs"] + results.get("variants", []):
+    for r in table_runs(results):
         print(
             f"  {row_label(r)}{seed_suffix(r)}: {r['parameters']:,} parameters, "
             f"epoch {r['best_epoch']}/{r['last_epoch']} ({r['stopped_by']}), L_S(4) {fmt(r['val_last_ce'], '.4f')}, "
