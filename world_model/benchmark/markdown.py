@@ -39,6 +39,11 @@ def fmt_mean_sd(stats: dict, spec: str) -> str:
     return format(stats["mean"], spec) + (f" ± {format(stats['sd'], spec)}" if stats.get("sd") is not None else "")
 
 
+def fmt_interval(ci: list[float] | None, spec: str = "+.4f") -> str | None:
+    """A 95% interval as "[lo, hi]", or None when there is none (one seed)."""
+    return None if ci is None else f"[{format(ci[0], spec)}, {format(ci[1], spec)}]"
+
+
 def row_label(row: dict) -> str:
     """A row's name in the reports: "h4_l2 4-tensor", "h4_l2 4-tensor causal" ..."""
     return f"{row['pair']} {MODEL_LABELS[row['model_type']]}" + (f" {row['variant']}" if row.get("variant") else "")
@@ -228,11 +233,10 @@ def seed_lines(results: dict) -> list[str]:
         "|---|---|---|---|---:|---|",
     ]
     for p in results["paired"]:
-        ci = p["ci95"]
         lines.append(
             f"| {p['pair']} | {p['comparison']} | {', '.join(map(str, p['seeds']))} | "
             f"{', '.join(f'{d:+.4f}' for d in p['differences'])} | {fmt(p['mean'], '+.4f')} | "
-            f"{f'[{ci[0]:+.4f}, {ci[1]:+.4f}]' if ci else '— (one seed)'} |"
+            f"{fmt_interval(p['ci95']) or '— (one seed)'} |"
         )
     return lines
 

@@ -21,6 +21,7 @@ import torch
 from world_model.benchmark import attention as attn
 from world_model.benchmark.markdown import (
     fmt,
+    fmt_interval,
     fmt_mean_sd,
     fmt_parameters,
     fmt_seconds,
@@ -263,10 +264,10 @@ def print_summary(results: dict, out: Path) -> None:
                 f"  {row_label(row)}, seeds {', '.join(map(str, row['seeds']))}: L_S(4) {fmt_mean_sd(row['val_last_ce'], '.4f')}"
             )
         for p in results.get("paired", []):
-            ci = p["ci95"]
+            interval = fmt_interval(p["ci95"])
             print(
                 f"  {p['pair']} {p['comparison']}, seeds {', '.join(map(str, p['seeds']))}: mean {fmt(p['mean'], '+.4f')}, "
-                + (f"95% interval [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "no interval (one seed)")
+                + (f"95% interval {interval}" if interval else "no interval (one seed)")
             )
     for a in results.get("attention", []):
         print(
