@@ -68,6 +68,32 @@ def test_packing_removes_padding_adds_bos_eos_and_no_separators():
     assert packed.prefix.tolist() == [[BOS]] and packed.gold.tolist() == [[EOS]]
 
 
+def test_target_marker_repeats_bos_after_the_prefix_and_adds_no_parameter():
+    """The opt-in marker (not in the paper): [BOS] again after S(T-1), where the written sentence begins."""
+    plain, marked = make_model(), make_model(target_marker=True)
+    full = torch.tensor(
+        [
+            [[4, 0, 5, 0, 0], [0, 0, 0, 0, 0], [6, 7, 8, 9, 10], [11, 0, 0, 0, 0]],
+            [[2, 3, 0, 0, 0], [7, 0, 0, 0, 0], [8, 0, 0, 0, 0], [9, 10, 11, 12, 2]],
+        ]
+    )
+    packed = marked.pack(full)
+    assert packed.prefix.tolist() == [[BOS, 4, 5, 6, 7, 8, 9, 10, BOS], [BOS, 2, 3, 7, 8, BOS, 0, 0, 0]]
+    assert packed.prefix_len.tolist() == [9, 6]
+    assert torch.equal(packed.gold, plain.pack(full).gold)
+    assert marked.config.max_len == plain.config.max_len + 1
+    assert sum(p.numel() for p in marked.parameters()) == sum(p.numel() for p in plain.parameters())
+    # The longest window (no padding anywhere) still fits: training, scoring and generation run to N tokens.
+    longest = torch.randint(2, V, (2, T + 1, N), generator=torch.Generator().manual_seed(0))
+    assert torch.isfinite(marked.training_step(longest).loss)
+    assert marked.generate(longest[:, :T], GenerationConfig(banned_ids=(EOS,))).shape == (2, N)
+    # Old checkpoints' configs have no such field: they load as the paper's packing.
+    data = marked.config.to_dict()
+    assert BaselineConfig.from_dict(data).target_marker
+    del data["target_marker"]
+    assert not BaselineConfig.from_dict(data).target_marker
+
+
 # ----- the causal stack -----
 def test_causal_mask_later_tokens_do_not_change_earlier_logits():
     model = make_model()
@@ -523,10 +549,12 @@ def test_extend_many_equals_one_token_extends(attention):
             torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
 
 
-def test_score_sentences_is_the_training_target_log_likelihood_of_the_models_own_free_run():
+@pytest.mark.parametrize("target_marker", [False, True])
+def test_score_sentences_is_the_training_target_log_likelihood_of_the_models_own_free_run(target_marker):
     """Where a candidate is the model's own greedy sentence, teacher forcing and the free run read the same
-    tokens, so its score is minus the window cross-entropy of training_step on that window."""
-    model = make_model(seed=4, scale=0.5).double()
+    tokens, so its score is minus the window cross-entropy of training_step on that window (with the target
+    marker too: training, scoring and generation pack the prefix alike)."""
+    model = make_model(seed=4, scale=0.5, target_marker=target_marker).double()
     window = make_full(B=5, seed=4)[:, :T]
     own = model.generate(window)
     for b in range(5):

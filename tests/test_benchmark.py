@@ -259,11 +259,13 @@ def test_presets_share_the_paper_matching_rule():
     assert (paper["training"]["lr"], paper["training"].get("lr_schedule", "constant")) == (3e-4, "constant")
     assert (paper["model"]["d_x"], paper["model"]["d_t"], paper["training"]["max_epochs"]) == (64, 32, 100)
     assert (cpu["model"]["d_x"], cpu["model"]["d_t"]) == (16, 8)
-    # the cpu preset: the headline pair by default, all training stories, at least three seeds, the two extra rows
+    # the cpu preset: the headline pair by default, all training stories, at least three seeds, the three extra rows
     assert cpu["default_pairs"] == ["h4_l2"] and len(cpu["seeds"]) >= 3 and cpu["budget"]["train_subset"] is None
     causal = run_config(cpu, "h4_l2", "four_tensor", variant="causal")["model"]
     copy = run_config(cpu, "h4_l2", "four_tensor", variant="causal_copy")["model"]
     assert causal["temporal_causal"] and not causal["copy_path"] and copy["temporal_causal"] and copy["copy_path"]
+    marker = run_config(cpu, "h4_l2", "baseline", variant="marker")["model"]
+    assert marker["target_marker"] and not run_config(cpu, "h4_l2", "baseline")["model"]["target_marker"]
     assert paper["budget"] == {"train_subset": None, "max_minutes": None}
 
 
@@ -632,17 +634,23 @@ def test_seeds_train_every_row_once_per_seed_and_pair_the_differences(data_dir, 
             "pairs": {"h1_l1": {"n_heads": 1, "n_layers": 1}},
             "seeds": [3, 4],
             "training": {**TINY_PRESET["training"], "max_epochs": 1},
-            "variants": {"causal": {"type": "four_tensor", "pair": "h1_l1", "model": {"temporal_causal": True}}},
+            "variants": {
+                "causal": {"type": "four_tensor", "pair": "h1_l1", "model": {"temporal_causal": True}},
+                "marker": {"type": "baseline", "pair": "h1_l1", "model": {"target_marker": True}},
+            },
         },
     )
     out = tmp_path / "out"
     assert bench.main(["--preset", str(preset), "--data", str(data_dir), "--out", str(out), "--no-progress"]) == 0
     results = json.loads((out / "results.json").read_text())
     assert sorted(p.name for p in (out / "runs").iterdir()) == sorted(
-        f"h1_l1_{m}_s{s}" for m in ("four_tensor", "baseline", "four_tensor_causal") for s in (3, 4)
+        f"h1_l1_{m}_s{s}"
+        for m in ("four_tensor", "baseline", "four_tensor_causal", "baseline_marker")
+        for s in (3, 4)
     )
     for name in ("h1_l1_four_tensor_s3", "h1_l1_four_tensor_causal_s4"):
         assert summary(out, name)["config"]["training"]["seed"] == int(name[-1])
+    assert summary(out, "h1_l1_baseline_marker_s3")["config"]["model"]["target_marker"]
     rows = {(r["model_type"], r["variant"]): r for r in results["seed_summary"]}
     four = [r["val_last_ce"] for r in results["runs"] if r["model_type"] == "four_tensor"]
     assert rows[("four_tensor", None)]["val_last_ce"]["mean"] == pytest.approx(sum(four) / 2)
@@ -652,6 +660,8 @@ def test_seeds_train_every_row_once_per_seed_and_pair_the_differences(data_dir, 
     assert diff["seeds"] == [3, 4] and diff["differences"] == pytest.approx([b - f for b, f in zip(base, four)])
     assert diff["ci95"][0] < diff["mean"] < diff["ci95"][1]
     assert "four_tensor reference - causal" in paired
+    marked = [v["val_last_ce"] for v in results["variants"] if v["variant"] == "marker"]
+    assert paired["baseline reference - marker"]["differences"] == pytest.approx([b - m for b, m in zip(base, marked)])
     md = (out / "results.md").read_text()
     assert "## Over seeds" in md
     shared = next(line for line in md.splitlines() if line.startswith("Settings shared"))

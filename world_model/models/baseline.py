@@ -34,6 +34,11 @@ projections. The default (mha, no bitlinear) keeps the original `CausalSelfAtten
 so its parameter names, count and old checkpoints are unchanged; every other choice puts a causal
 `FamilyAttention` (head width d / H, no attention dropout) in its place, with that kind's KV cache.
 
+Target marker (not in the paper; off by default). `target_marker=True` puts [BOS] once more after S(T-1),
+so the model sees where the sentence it writes begins; without it, a free-running model must infer from the
+words alone where its own sentence started. No parameter is added; training, scoring and generation all pack
+through `pack_prefix`, so they agree. The cpu benchmark reports it as the "marker" row.
+
 Layout: `baseline_config` (BaselineConfig), this module (packing, blocks, the model and its objective),
 `kv_cache` (prefill, extension, the free-running loop), `baseline_generation` (closed-set scoring, generation).
 """
@@ -60,7 +65,7 @@ from world_model.models.inputs import INT_DTYPES, check_example, check_window
 class Packed(NamedTuple):
     """Section 7.4 packing of a stored window, right-padded with the padding id."""
 
-    prefix: torch.Tensor  # (B, Lp) [BOS] + S(0) .. S(T-1), padding removed, no separators
+    prefix: torch.Tensor  # (B, Lp) [BOS] + S(0) .. S(T-1), padding removed, no separators (+ [BOS]: target marker)
     prefix_len: torch.Tensor  # (B,) live length of each prefix, >= 1
     gold: torch.Tensor  # (B, G) S(T) with padding removed, then [EOS]; target only
     gold_len: torch.Tensor  # (B,) live length of each gold span, >= 1 (the [EOS])
@@ -235,10 +240,12 @@ class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):
 
     # ----- packing (section 7.4) -----
     def pack_prefix(self, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sentences (B, T', N) -> [BOS] + their non-padding ids in reading order (B, Lp), lengths (B,)."""
+        """Sentences (B, T', N) -> [BOS] + their non-padding ids in reading order (+ [BOS] with the target
+        marker) (B, Lp), lengths (B,)."""
         c = self.config
         flat = token_ids.long().reshape(token_ids.shape[0], -1)  # (B, T'N), sentence-major
-        return compact(flat, flat != c.padding_idx, c.padding_idx, lead=c.bos_id)
+        tail = c.bos_id if c.target_marker else None
+        return compact(flat, flat != c.padding_idx, c.padding_idx, lead=c.bos_id, tail=tail)
 
     def pack(self, token_ids_full: torch.Tensor) -> Packed:
         """A stored window (B, T+1, N) -> prefix from S(0..T-1) and gold S(T) + [EOS]."""

@@ -33,6 +33,9 @@ class BaselineConfig:
     tucker_ranks: tuple[int, int, int] | None = None  # tucker only: (r_1, r_2, r_3) of W (required)
     tucker_ranks_out: tuple[int, int, int] | None = None  # tucker only: (r~_1, r~_2, r~_3) of W~; None = tucker_ranks
     bitlinear: bool = False  # ternary BitLinear attention projections (always a FamilyAttention)
+    # Not in the paper (which packs with no separators): [BOS] once more after S(T-1), so the model sees where
+    # the sentence it writes begins. No new parameter; the "marker" row of the cpu benchmark.
+    target_marker: bool = False
 
     def __post_init__(self) -> None:
         for name in ("content_vocab_size", "d_x", "d_t", "n_heads", "n_layers", "n_tokens", "n_states"):
@@ -126,8 +129,9 @@ class BaselineConfig:
 
     @property
     def max_len(self) -> int:
-        """Longest sequence: packed prefix 1 + T*N, then at most N content tokens and [EOS]."""
-        return 1 + self.n_states * self.n_tokens + self.n_tokens + 1
+        """Longest sequence: packed prefix 1 + T*N (+1 with the target marker), then at most N content tokens
+        and [EOS]."""
+        return 1 + self.n_states * self.n_tokens + int(self.target_marker) + self.n_tokens + 1
 
     def to_dict(self) -> dict:
         return {"model_type": "baseline", **asdict(self)}
