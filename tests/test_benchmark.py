@@ -644,9 +644,7 @@ def test_seeds_train_every_row_once_per_seed_and_pair_the_differences(data_dir, 
     assert bench.main(["--preset", str(preset), "--data", str(data_dir), "--out", str(out), "--no-progress"]) == 0
     results = json.loads((out / "results.json").read_text())
     assert sorted(p.name for p in (out / "runs").iterdir()) == sorted(
-        f"h1_l1_{m}_s{s}"
-        for m in ("four_tensor", "baseline", "four_tensor_causal", "baseline_marker")
-        for s in (3, 4)
+        f"h1_l1_{m}_s{s}" for m in ("four_tensor", "baseline", "four_tensor_causal", "baseline_marker") for s in (3, 4)
     )
     for name in ("h1_l1_four_tensor_s3", "h1_l1_four_tensor_causal_s4"):
         assert summary(out, name)["config"]["training"]["seed"] == int(name[-1])
