@@ -566,6 +566,31 @@ def test_score_sentences_is_the_training_target_log_likelihood_of_the_models_own
         torch.testing.assert_close(score[0, 0], -stats.window_ce_sum, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("target_marker", [False, True])
+def test_teacher_forced_last_ce_equals_a_naive_loop_and_the_free_run_on_the_models_own_sentence(target_marker):
+    model = make_model(seed=4, scale=0.5, target_marker=target_marker).double()
+    full = make_full(B=4, seed=21)
+    ce, count = model.teacher_forced_last_ce(full)
+    ref, n = torch.zeros((), dtype=torch.float64), 0
+    for b in range(4):  # one full forward pass per gold token: prefix + the gold tokens before it
+        prefix = model.pack_prefix(full[b : b + 1, :T])[0][0].tolist()
+        gold = [t for t in full[b, T].tolist() if t != 0]
+        for k, token in enumerate(gold):
+            logits = model(torch.tensor([prefix + gold[:k]]))[0, -1]
+            ref -= logits.log_softmax(-1)[token]
+            n += 1
+    torch.testing.assert_close(ce, ref, rtol=1e-10, atol=1e-10)
+    assert int(count) == n
+    # Where gold S(T) is the model's own greedy sentence, free running reads exactly the gold tokens.
+    window = make_full(B=5, seed=4)[:, :T]
+    own = model.generate(window)
+    rows = (own != 0).any(dim=1)
+    own_full = torch.cat([window, own[:, None]], dim=1)[rows]
+    torch.testing.assert_close(
+        model.teacher_forced_last_ce(own_full)[0], model.training_step(own_full).last_ce_sum, rtol=1e-10, atol=1e-10
+    )
+
+
 def test_generate_with_one_candidate_returns_it_for_every_row():
     model = make_model(seed=1, scale=0.5)
     window = make_full(B=4, seed=14)[:, :T]

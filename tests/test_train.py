@@ -547,6 +547,8 @@ def test_the_baseline_trains_and_evaluates_through_the_same_commands(data_dir, t
     result = json.loads(result_path.read_text())
     assert result["model_type"] == "baseline"
     assert result["val_last_ce"] == pytest.approx(summary["best_metrics"]["val_last_ce"], rel=1e-6)
+    assert math.isfinite(result["val_last_ce_teacher_forced"])
+    assert "val_last_ce_teacher_forced:" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,8 @@ Reported, on the validation windows (S, 5, 16):
     val_last_ce         L_S(4): mean cross-entropy of the non-padding tokens of S(4)
     val_token_accuracy  argmax match rate on those tokens
     val_perplexity      exp(L_S(4))
+    val_last_ce_teacher_forced  baseline only, a diagnostic beside the paper's free-running L_S(4): each gold token of
+                        S(4) given the context and the gold tokens before it
     floors              the count floors of world_model/evaluation/floors.py beside them (L_S(4), token accuracy; fitted on the
                         training stories of DATA_DIR, none when it holds no ROCStories*.csv)
     story_cloze         Story Cloze accuracy (val and test halves; summed and per-token ending log-likelihood) of the
@@ -115,6 +117,22 @@ def evaluate_windows(
     return metrics
 
 
+@torch.no_grad()
+def teacher_forced_last_ce(model: nn.Module, windows: torch.Tensor, batch_size: int, device: str) -> float:
+    """The baseline's teacher-forced L_S(4) over `windows` (S, T+1, N), in eval mode (see
+    `BaselineModel.teacher_forced_last_ce`)."""
+    was_training = model.training
+    model.eval()
+    try:
+        sums = [
+            model.teacher_forced_last_ce(windows[i : i + batch_size].to(device))
+            for i in range(0, len(windows), batch_size)
+        ]
+    finally:
+        model.train(was_training)
+    return float(sum(ce.double() for ce, _ in sums) / sum(int(n) for _, n in sums))
+
+
 def load_validation_stories(data_dir: str | os.PathLike) -> list[Story]:
     """The Story Cloze stories of `data_dir` (cloze_test_*.csv, sorted), in the order training reads them."""
     data_dir = Path(data_dir)
@@ -149,8 +167,12 @@ def evaluate_checkpoint(
     n = windows.shape[2]
     halves = load_cloze_halves(data_dir)
     floors, floor_rows = fitted_floors(data_dir, vocab, windows)
+    diagnostic = {}
+    if hasattr(model, "teacher_forced_last_ce"):
+        diagnostic["val_last_ce_teacher_forced"] = teacher_forced_last_ce(model, windows, batch_size, device)
     return {
         "val_last_ce": metrics["val_last_ce"],
+        **diagnostic,
         "val_token_accuracy": metrics["val_token_accuracy"],
         "val_perplexity": metrics["val_perplexity"],
         "val_window_loss": metrics["val_window_loss"],

@@ -298,6 +298,28 @@ class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):
         logits, tokens = self.decode(packed.prefix, packed.prefix_len, packed.gold.shape[1], use_cache=use_cache)
         return FreeRun(packed, logits, tokens)
 
+    def teacher_forced_last_ce(self, token_ids_full: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A stored window (B, T+1, N) -> (summed cross-entropy (), count ()) of S(T)'s content tokens, each
+        given the prefix and the gold tokens before it ([EOS] not scored).
+
+        Not the paper's number: section 8.2 scores the baseline free-running (`training_step`). This is the
+        diagnostic of how well a model trained on its own argmax history reads gold text; where gold S(T) is the
+        model's own greedy sentence, the two are the same.
+        """
+        self.check_full_window(token_ids_full)
+        p = self.pack(token_ids_full)
+        steps = torch.arange(p.gold.shape[1], device=p.gold.device)  # (G,)
+        content = steps[None, :] < (p.gold_len - 1)[:, None]  # (B, G) the gold tokens before [EOS]
+        live = torch.arange(p.prefix.shape[1], device=p.prefix.device)[None, :] < p.prefix_len[:, None]  # (B, Lp)
+        seq, _ = compact(
+            torch.cat([p.prefix, p.gold], dim=1), torch.cat([live, content], dim=1), self.config.padding_idx
+        )
+        H = self.encode(seq)  # (B, L, d)
+        pos = (p.prefix_len[:, None] - 1 + steps).clamp(max=seq.shape[1] - 1)  # (B, G) the state predicting gold k
+        h = H.gather(1, pos[..., None].expand(-1, -1, H.shape[-1]))[content]  # (K, d)
+        ce = F.cross_entropy(F.linear(h, self.E.weight), p.gold[content], reduction="sum")
+        return ce, content.sum()
+
     def training_step(self, token_ids_full: torch.Tensor, use_cache: bool = True) -> StepStats:
         """A stored window (B, T+1, N) -> the free-running selection loss and the statistics on S(T).
 
