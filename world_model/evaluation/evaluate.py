@@ -46,6 +46,7 @@ from world_model.models.checkpoint import CheckpointError
 from world_model.models.precision import PRECISIONS, autocast
 from world_model.models.registry import count_parameters, load_model
 from world_model.text.vocab import Vocabulary
+from world_model.utils.eval_mode import eval_mode
 from world_model.utils.files import write_json_atomic
 from world_model.utils.hub import default_device
 
@@ -70,17 +71,13 @@ def evaluation_sums(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if device is None:
         device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     sums = torch.zeros(len(SUM_KEYS), dtype=torch.float64, device=device)
-    try:
+    with eval_mode(model):
         for start in range(0, len(windows), batch_size):
             batch = windows[start : start + batch_size].to(device)
             with autocast(precision, device):
                 stats = model.training_step(batch)
             sums += torch.stack([getattr(stats, k).detach().double() for k in SUM_KEYS])
-    finally:
-        model.train(was_training)
     return sums
 
 
@@ -121,15 +118,11 @@ def evaluate_windows(
 def teacher_forced_last_ce(model: nn.Module, windows: torch.Tensor, batch_size: int, device: str) -> float:
     """The baseline's teacher-forced L_S(4) over `windows` (S, T+1, N), in eval mode (see
     `BaselineModel.teacher_forced_last_ce`)."""
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         sums = [
             model.teacher_forced_last_ce(windows[i : i + batch_size].to(device))
             for i in range(0, len(windows), batch_size)
         ]
-    finally:
-        model.train(was_training)
     return float(sum(ce.double() for ce, _ in sums) / sum(int(n) for _, n in sums))
 
 

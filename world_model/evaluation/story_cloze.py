@@ -18,6 +18,7 @@ from torch import nn
 from world_model.data.rocstories import ClozeStory, encode_cloze
 from world_model.evaluation.floors import CountFloor
 from world_model.text.vocab import PAD_ID, Vocabulary
+from world_model.utils.eval_mode import eval_mode
 
 VARIANTS = ("summed", "per_token")
 REFERENCES = {  # published Story Cloze accuracies (test set of the spring 2016 release)
@@ -37,10 +38,8 @@ def four_tensor_scores(
 
     `log_softmax` is applied to `last_slice_logits` in every case: it leaves log-probabilities unchanged."""
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
-        sums = []
+    sums = []
+    with eval_mode(model):
         for start in range(0, len(context), batch_size):
             log_p = (
                 model.last_slice_logits(context[start : start + batch_size].to(device)).float().log_softmax(-1)
@@ -48,8 +47,6 @@ def four_tensor_scores(
             ends = endings[start : start + batch_size].to(device).long()  # (B, 2, N)
             picked = log_p[:, None].expand(-1, 2, -1, -1).gather(-1, ends[..., None])[..., 0]  # (B, 2, N)
             sums.append(torch.where(ends != PAD_ID, picked, 0.0).sum(-1).double().cpu())
-    finally:
-        model.train(was_training)
     return torch.cat(sums), (endings != PAD_ID).sum(-1).double()
 
 
@@ -59,12 +56,8 @@ def baseline_scores(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed log-likelihood (closing [EOS] included) and scored-token count of each ending under the baseline."""
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         sums = model.score_sentences(context.to(device), endings.to(device)).double().cpu()
-    finally:
-        model.train(was_training)
     return sums, (endings != PAD_ID).sum(-1).double() + 1
 
 

@@ -42,6 +42,7 @@ from world_model.data.rocstories import CLOZE_PATTERN, EXPECTED_FILES, TRAIN_PAT
 from world_model.models.generation_config import GenerationConfig
 from world_model.text.vocab import PAD_ID, Vocabulary, same_sentence
 from world_model.text.windows import caption_window, decode_states
+from world_model.utils.eval_mode import eval_mode
 
 EPISODES_FILE = "episodes.jsonl"
 TRAIN_SPLIT = "train"
@@ -235,18 +236,14 @@ def predict_ahead(
         [caption_window(list(context), vocab, c.n_states, c.n_tokens).token_ids for context in contexts]
     )
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     generation = GenerationConfig(end_ids=vocab.end_ids)
     predictions = []
-    try:
+    with eval_mode(model):
         for start in range(0, len(windows), batch_size):
             ids = model.rollout(
                 windows[start : start + batch_size].to(device), steps, generation, candidates=candidates
             )  # (b, steps, N)
             predictions += [decode_states(rows, vocab) for rows in ids.cpu()]
-    finally:
-        model.train(was_training)
     return predictions
 
 
