@@ -11,6 +11,8 @@ from tests.test_train import make_data
 from world_model.benchmark import sweep
 from world_model.benchmark.preset import load_preset, run_config
 from world_model.data.rocstories import DataError, build_vocabulary, encode_windows, load_corpus
+from world_model.evaluation.floors import FLOORS
+from world_model.text.vocab import PAD_ID
 from world_model.training.batches import load_training_windows
 
 
@@ -62,7 +64,15 @@ def test_sweep_trains_every_rate_and_model_on_held_out_stories_and_chooses_the_l
         assert summary["best_metrics"]["val_last_ce"] == r["heldout_last_ce"]
     means = {lr: sum(r["heldout_last_ce"] for r in results["runs"] if r["lr"] == lr) / 2 for lr in (1e-4, 3e-2)}
     assert results["chosen_lr"] == min(means, key=means.get)
+    # the floors beside them: fitted on the runs' 32 training stories, measured on the 8 held-out stories' S(4) tokens
+    corpus = load_corpus(data_dir)
+    heldout = encode_windows(corpus.train[-8:], build_vocabulary(corpus), 16)
+    floors = results["floors"]
+    assert floors["train_windows"] == 32
+    assert all(floors[name]["last_tokens"] == int((heldout[:, -1] != PAD_ID).sum()) for name in FLOORS)
+    assert floors["position_unigram_copy"]["val_last_ce"] < floors["unigram"]["val_last_ce"]
     report = (out / "results.md").read_text()
+    assert f"position_unigram {floors['position_unigram']['val_last_ce']:.4f}" in report
     assert f"Chosen: lr {results['chosen_lr']:g}" in report and "widen --lrs" in report  # two rates: always an edge
     monkeypatch.setattr(sweep.train_mod, "train", lambda *a, **k: pytest.fail("a finished run was retrained"))
     again = sweep.run_sweep(preset, data_dir, out, [1e-4, 3e-2], resume=True, **settings)

@@ -519,6 +519,31 @@ def test_evaluate_cli_matches_the_best_epoch(reference, data_dir, tmp_path, caps
     assert evaluate_main(["--checkpoint", str(tmp_path), "--data", str(data_dir)]) == 1
 
 
+def test_evaluate_holdout_scores_a_held_out_run_on_its_own_slice_with_floors_fitted_before_it(
+    data_dir, tmp_path, capsys
+):
+    config = copy.deepcopy(TINY)
+    config["training"].update(max_epochs=1, holdout_stories=8)
+    summary = train(config, data_dir, tmp_path / "run", progress=False)
+    result_path = tmp_path / "eval.json"
+    args = ["--checkpoint", str(tmp_path / "run" / "best"), "--data", str(data_dir), "--device", "cpu"]
+    assert evaluate_main([*args, "--holdout", "8", "--out", str(result_path), "--batch-size", "4"]) == 0
+    result = json.loads(result_path.read_text())
+    assert result["val_last_ce"] == pytest.approx(summary["best_metrics"]["val_last_ce"], rel=1e-6)
+    assert result["validation_windows"] == 8 and result["validation"] == "the last 8 training stories (held out)"
+    assert result["floors"]["train_windows"] == 32  # the 40 training stories less the 8 scored
+    assert all(result["story_cloze"][name]["val"]["stories"] == 5 for name in ("model", *FLOORS))  # still the cloze
+    capsys.readouterr()
+    assert evaluate_main([*args, "--out", str(result_path)]) == 0
+    cloze = json.loads(result_path.read_text())
+    assert cloze["validation"] == "the cloze stories" and cloze["validation_windows"] == 10
+    assert cloze["floors"]["train_windows"] == 40
+    assert evaluate_main([*args, "--holdout", "40"]) == 1
+    assert "leaves none of the 40 training stories" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        evaluate_main([*args, "--holdout", "-1"])
+
+
 def test_the_baseline_trains_and_evaluates_through_the_same_commands(data_dir, tmp_path, capsys):
     config = copy.deepcopy(TINY)
     config["model"] = {"type": "baseline", "d_x": 4, "d_t": 2, "n_heads": 2, "n_layers": 1, "dropout": 0.1}

@@ -7,8 +7,9 @@ For every learning rate and both model types of the pair, one run with the prese
 the last `--holdout` training stories (`training.holdout_stories`) and trained on the first `--train-subset` of
 the others; the warm-up + cosine schedule spans the run (schedule_epochs = max_epochs). The chosen rate is the one
 with the lowest mean, over the two models, of the held-out L_S(4) at each run's selected epoch: one rate for both
-models, as the benchmark needs. OUT gets runs/<model>_lr<rate>/ (training runs; `--resume` skips finished ones and
-continues interrupted ones), results.json and results.md.
+models, as the benchmark needs. The count floors (world_model/evaluation/floors.py), fitted on the runs' training
+stories and measured on the same held-out tokens, are reported beside them. OUT gets runs/<model>_lr<rate>/
+(training runs; `--resume` skips finished ones and continues interrupted ones), results.json and results.md.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from typing import Sequence
 
 from world_model.benchmark.preset import MODELS, BenchmarkError, load_preset, run_config
 from world_model.data.rocstories import DataError
+from world_model.evaluation.floors import FLOORS, floor_report
 from world_model.training import train as train_mod
+from world_model.training.batches import load_training_windows
 from world_model.training.checkpoints import SUMMARY_FILE, TrainingError
 from world_model.training.config import ConfigError, validate_config
 from world_model.utils.files import write_json_atomic
@@ -76,6 +79,11 @@ def run_sweep(
                 }
             )
     means = {lr: sum(r["heldout_last_ce"] for r in rows if r["lr"] == lr) / len(MODELS) for lr in lrs}
+    model = config["model"]
+    vocab, _, train_windows, heldout_windows = load_training_windows(
+        data_dir, model["n_states"], model["n_tokens"], train_subset, holdout
+    )
+    _, floors = floor_report(train_windows, heldout_windows, len(vocab))
     results = {
         "command": command,
         "preset": spec["name"],
@@ -87,6 +95,7 @@ def run_sweep(
         "runs": rows,
         "mean_heldout_last_ce": {f"{lr:g}": means[lr] for lr in lrs},
         "chosen_lr": min(lrs, key=means.__getitem__),
+        "floors": {"train_windows": floors["train_windows"], **{name: floors[name] for name in FLOORS}},
     }
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "results.json", results)
@@ -119,6 +128,14 @@ def markdown(results: dict) -> str:
         ]
         chosen = float(lr) == results["chosen_lr"]
         lines.append(f"| {lr} | " + " | ".join(cells) + (f" | **{mean:.4f}** |" if chosen else f" | {mean:.4f} |"))
+    floors = results["floors"]
+    lines += [
+        "",
+        f"Count floors on the same held-out tokens (fitted on the runs' {floors['train_windows']} training stories, "
+        "settings chosen on a held-out slice of them): "
+        + ", ".join(f"{name} {floors[name]['val_last_ce']:.4f}" for name in FLOORS)
+        + ".",
+    ]
     return "\n".join(lines + ["", f"Chosen: lr {results['chosen_lr']:g} for both models." + edge_note(results), ""])
 
 

@@ -69,6 +69,15 @@ class RocStoriesCorpus:
     train: list[Story]
     validation: list[Story]
 
+    def split(self, holdout: int = 0) -> tuple[list[Story], list[Story]]:
+        """(training stories, validation stories): the cloze stories validate, or with `holdout` H > 0 the last H
+        training stories do and the stories before them train (`training.holdout_stories`)."""
+        if not holdout:
+            return self.train, self.validation
+        if not 0 < holdout < len(self.train):
+            raise DataError(f"holding out {holdout} stories leaves none of the {len(self.train)} training stories")
+        return self.train[:-holdout], self.train[-holdout:]
+
 
 def _read_rows(path: str | os.PathLike, columns: Sequence[str]) -> Iterator[tuple[str, dict[str, str]]]:
     """Yield ``(where, row)`` for each data row, ``where`` naming the file and row (header = row 1).

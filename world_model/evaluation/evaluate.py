@@ -1,8 +1,11 @@
 """Validation metrics of a trained predictor on the ROCStories cloze stories (paper, section 8.2).
 
     python -m world_model.evaluation.evaluate --checkpoint OUT/best --data DATA_DIR [--out FILE.json] [--batch-size 64]
+        [--holdout H]
 
-Reported, on the validation windows (S, 5, 16):
+Reported, on the validation windows (S, 5, 16): the cloze stories, or with `--holdout H` the last H training stories
+(the slice a run trained with `training.holdout_stories: H` validated on; the floors are then fitted on the stories
+before them, so nothing they read was scored):
     val_window_loss     the selection loss: sum of window_ce_sum / sum of window_tokens (S(1..4), padding ignored)
     val_last_ce         L_S(4): mean cross-entropy of the non-padding tokens of S(4)
     val_token_accuracy  argmax match rate on those tokens
@@ -149,17 +152,25 @@ def evaluate_checkpoint(
     batch_size: int = 64,
     device: str | None = None,
     precision: str = "fp32",
+    holdout: int = 0,
 ) -> dict:
-    """Load a checkpoint folder (any registered model type) and its vocab.json; evaluate on the cloze stories
-    (L_S(4) and the other metrics in `precision`; Story Cloze and the floors in fp32)."""
+    """Load a checkpoint folder (any registered model type) and its vocab.json; evaluate on the cloze stories, or
+    with `holdout` H > 0 on the last H training stories (L_S(4) and the other metrics in `precision`; Story Cloze,
+    always on the cloze halves, and the floors in fp32)."""
+    if holdout < 0:
+        raise ValueError(f"holdout must be >= 0, got {holdout}")
     device = str(default_device(device))
     model = load_model(checkpoint, device=device)
     vocab = Vocabulary.load(Path(checkpoint))
-    windows, stats = encode_stories(load_validation_stories(data_dir), vocab, getattr(model.config, "n_tokens", 16))
+    if holdout:
+        train_stories, val_stories = load_corpus(data_dir).split(holdout)
+    else:
+        train_stories, val_stories = None, load_validation_stories(data_dir)
+    windows, stats = encode_stories(val_stories, vocab, getattr(model.config, "n_tokens", 16))
     metrics = evaluate_windows(model, windows, batch_size, device, precision)
     n = windows.shape[2]
     halves = load_cloze_halves(data_dir)
-    floors, floor_rows = fitted_floors(data_dir, vocab, windows)
+    floors, floor_rows = fitted_floors(data_dir, vocab, windows, train_stories)
     diagnostic = {}
     if hasattr(model, "teacher_forced_last_ce"):
         diagnostic["val_last_ce_teacher_forced"] = teacher_forced_last_ce(model, windows, batch_size, device)
@@ -172,6 +183,7 @@ def evaluate_checkpoint(
         "validation_windows": metrics["validation_windows"],
         "last_tokens": metrics["last_tokens"],
         "unknown_tokens": stats["unknown"],
+        "validation": f"the last {holdout} training stories (held out)" if holdout else "the cloze stories",
         "checkpoint": str(checkpoint),
         "model_type": model.config.to_dict()["model_type"],
         "parameters": count_parameters(model),
@@ -186,13 +198,18 @@ def evaluate_checkpoint(
 
 
 def fitted_floors(
-    data_dir: str | os.PathLike, vocab: Vocabulary, val_windows: torch.Tensor
+    data_dir: str | os.PathLike,
+    vocab: Vocabulary,
+    val_windows: torch.Tensor,
+    train_stories: Sequence[Story] | None = None,
 ) -> tuple[dict, dict | None]:
-    """The floors fitted on the training stories of `data_dir` (encoded with `vocab`) and measured on `val_windows`:
-    ({name: CountFloor}, their report), or ({}, None) when `data_dir` holds no training file."""
-    if not any(Path(data_dir).glob(TRAIN_PATTERN)):
-        return {}, None
-    train_windows = encode_windows(load_corpus(data_dir).train, vocab, val_windows.shape[2])
+    """The floors fitted on `train_stories` (default: the training stories of `data_dir`), encoded with `vocab`, and
+    measured on `val_windows`: ({name: CountFloor}, their report), or ({}, None) when there are no training stories."""
+    if train_stories is None:
+        if not any(Path(data_dir).glob(TRAIN_PATTERN)):
+            return {}, None
+        train_stories = load_corpus(data_dir).train
+    train_windows = encode_windows(train_stories, vocab, val_windows.shape[2])
     return floor_report(train_windows, val_windows, len(vocab))
 
 
@@ -242,11 +259,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--precision", choices=PRECISIONS, default="fp32", help="bf16: the forward passes under bf16 autocast"
     )
+    parser.add_argument(
+        "--holdout",
+        type=int,
+        default=0,
+        help="validate on the last H training stories (a run's training.holdout_stories) instead of the cloze stories",
+    )
     args = parser.parse_args(argv)
     if args.batch_size < 1:
         parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.holdout < 0:
+        parser.error(f"--holdout must be >= 0, got {args.holdout}")
     try:
-        result = evaluate_checkpoint(args.checkpoint, args.data, args.batch_size, args.device, args.precision)
+        result = evaluate_checkpoint(
+            args.checkpoint, args.data, args.batch_size, args.device, args.precision, args.holdout
+        )
     except (DataError, CheckpointError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -38,11 +38,7 @@ def load_training_windows(
     corpus = load_corpus(data_dir)
     vocab = build_vocabulary(corpus)
     stats = corpus_statistics(corpus, vocab, n_tokens)
-    if holdout >= len(corpus.train):
-        raise DataError(f"training.holdout_stories {holdout} leaves none of the {len(corpus.train)} training stories")
-    pool, validation = (
-        (corpus.train[:-holdout], corpus.train[-holdout:]) if holdout else (corpus.train, corpus.validation)
-    )
+    pool, validation = corpus.split(holdout)
     if holdout:
         stats["validation"] = f"the last {holdout} training stories (held out)"
     train_stories = pool[:train_subset] if train_subset else pool
