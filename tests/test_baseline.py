@@ -591,6 +591,24 @@ def test_teacher_forced_last_ce_equals_a_naive_loop_and_the_free_run_on_the_mode
     )
 
 
+@pytest.mark.parametrize("target_marker", [False, True])
+def test_last_end_cost_is_what_l_s4_loses_to_the_eos_mass_of_the_free_run(target_marker):
+    model = make_model(seed=5, scale=0.5, target_marker=target_marker).double()
+    full = make_full(B=4, seed=23)
+    cost, count = model.last_end_cost(full)
+    stats = model.training_step(full)
+    assert int(count) == int(stats.last_tokens) and float(cost) > 0
+    # L_S(T) less the cost is the cross-entropy under the step distributions with [EOS] taken out
+    run = model.free_run(full)
+    without_eos = run.logits.clone()
+    without_eos[..., model.config.eos_id] = float("-inf")
+    content = (run.packed.gold != model.config.eos_id) & (
+        torch.arange(run.packed.gold.shape[1])[None, :] < run.packed.gold_len[:, None]
+    )
+    ce = F.cross_entropy(without_eos[content], run.packed.gold[content], reduction="sum")
+    torch.testing.assert_close(stats.last_ce_sum - cost, ce, rtol=1e-10, atol=1e-10)
+
+
 def test_generate_with_one_candidate_returns_it_for_every_row():
     model = make_model(seed=1, scale=0.5)
     window = make_full(B=4, seed=14)[:, :T]

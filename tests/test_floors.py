@@ -78,6 +78,20 @@ def test_hand_values_spelled_out():
     assert position_pred[2, 0].item() == 2 and copy_pred[2, 0].item() == 4
 
 
+def test_count_end_cost_is_the_add_one_end_rate_of_the_training_sentences_paid_by_each_s4_token():
+    # TRAIN's ten sentence lengths: seven of 2 tokens, three of 1. At slot 0 none has ended (0 of 10 end there),
+    # at slot 1 three of the ten end: add-one rates 1/12 and 4/12. VAL's S(4) has three tokens at slot 0, one at 1.
+    expected = (3 * -math.log(1 - 1 / 12) - math.log(1 - 4 / 12)) / 4
+    assert fl.count_end_cost(TRAIN, VAL) == pytest.approx(expected, rel=1e-12)
+    longer = VAL.clone()
+    longer[1:, 4, 1] = 3  # every S(4) reaches slot 1, where sentences often end: it costs more
+    assert fl.count_end_cost(TRAIN, longer) > fl.count_end_cost(TRAIN, VAL)
+    with pytest.raises(ValueError, match="slots a sentence"):
+        fl.count_end_cost(TRAIN, VAL[:, :, :1])
+    with pytest.raises(ValueError, match="no non-padding S"):
+        fl.count_end_cost(TRAIN, torch.zeros_like(VAL))
+
+
 def test_padding_is_never_predicted_and_an_empty_context_copies_nothing():
     floor = fl.CountFloor.fit("position_unigram_copy", fl.slot_counts(TRAIN, V), 0.5, 0.5)
     assert (floor.table[:, 0] == 0).all() and torch.allclose(floor.table.sum(-1), torch.ones(2, dtype=torch.float64))

@@ -573,7 +573,10 @@ def test_the_baseline_trains_and_evaluates_through_the_same_commands(data_dir, t
     assert result["model_type"] == "baseline"
     assert result["val_last_ce"] == pytest.approx(summary["best_metrics"]["val_last_ce"], rel=1e-6)
     assert math.isfinite(result["val_last_ce_teacher_forced"])
-    assert "val_last_ce_teacher_forced:" in capsys.readouterr().out
+    assert 0 < result["val_last_end_cost"] < result["val_last_ce"] and 0 < result["floors"]["end_cost"]
+    printed = capsys.readouterr().out
+    assert "val_last_ce_teacher_forced:" in printed and "val_last_end_cost:" in printed
+    assert f"{result['val_last_end_cost']:.4f} for this model" in printed
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,9 @@ before them, so nothing they read was scored):
     val_perplexity      exp(L_S(4))
     val_last_ce_teacher_forced  baseline only, a diagnostic beside the paper's free-running L_S(4): each gold token of
                         S(4) given the context and the gold tokens before it
+    val_last_end_cost   baseline only: the part of L_S(4) spent on [EOS] mass, the mean -log(1 - p([EOS])) over the
+                        S(4) tokens at their free-running steps; the floors and the 4-tensor readout, scored on live
+                        slots only, never pay it (`floors["end_cost"]` is what a count of sentence lengths pays)
     floors              the count floors of world_model/evaluation/floors.py beside them (L_S(4), token accuracy; fitted on the
                         training stories of DATA_DIR, none when it holds no ROCStories*.csv)
     story_cloze         Story Cloze accuracy (val and test halves; summed and per-token ending log-likelihood) of the
@@ -117,16 +120,21 @@ def evaluate_windows(
     return metrics
 
 
+BASELINE_DIAGNOSTICS = {  # result key -> the BaselineModel method giving (summed value, count) of a batch
+    "val_last_ce_teacher_forced": "teacher_forced_last_ce",
+    "val_last_end_cost": "last_end_cost",
+}
+
+
 @torch.no_grad()
-def teacher_forced_last_ce(model: nn.Module, windows: torch.Tensor, batch_size: int, device: str) -> float:
-    """The baseline's teacher-forced L_S(4) over `windows` (S, T+1, N), in eval mode (see
-    `BaselineModel.teacher_forced_last_ce`)."""
+def token_mean(model: nn.Module, method: str, windows: torch.Tensor, batch_size: int, device: str) -> float:
+    """The mean over `windows` (S, T+1, N) of a per-token diagnostic, `model.<method>(batch)` -> (sum, count),
+    in eval mode (the baseline's `teacher_forced_last_ce` and `last_end_cost`)."""
     with eval_mode(model):
         sums = [
-            model.teacher_forced_last_ce(windows[i : i + batch_size].to(device))
-            for i in range(0, len(windows), batch_size)
+            getattr(model, method)(windows[i : i + batch_size].to(device)) for i in range(0, len(windows), batch_size)
         ]
-    return float(sum(ce.double() for ce, _ in sums) / sum(int(n) for _, n in sums))
+    return float(sum(value.double() for value, _ in sums) / sum(int(n) for _, n in sums))
 
 
 def load_validation_stories(data_dir: str | os.PathLike) -> list[Story]:
@@ -171,9 +179,11 @@ def evaluate_checkpoint(
     n = windows.shape[2]
     halves = load_cloze_halves(data_dir)
     floors, floor_rows = fitted_floors(data_dir, vocab, windows, train_stories)
-    diagnostic = {}
-    if hasattr(model, "teacher_forced_last_ce"):
-        diagnostic["val_last_ce_teacher_forced"] = teacher_forced_last_ce(model, windows, batch_size, device)
+    diagnostic = {
+        key: token_mean(model, method, windows, batch_size, device)
+        for key, method in BASELINE_DIAGNOSTICS.items()
+        if hasattr(model, method)
+    }
     return {
         "val_last_ce": metrics["val_last_ce"],
         **diagnostic,
@@ -234,6 +244,11 @@ def print_result(result: dict) -> None:
                 f"(alpha {f['alpha']:g}" + (f", copy weight {f['copy_weight']:g})" if f["copy_weight"] else ")")
             )
         print(f"  {'model':<22} L_S(4) {result['val_last_ce']:.4f}  token accuracy {result['val_token_accuracy']:.4f}")
+        print(
+            f"  a writer that must also say where S(4) ends, as the free-running baseline does, pays on top: "
+            f"{floors['end_cost']:.4f} knowing only the training sentences' per-slot end rate"
+            + (f", {result['val_last_end_cost']:.4f} for this model" if "val_last_end_cost" in result else "")
+        )
     print("Story Cloze accuracy (right ending by S(4) log-likelihood; summed / per token):")
     for name, halves in result["story_cloze"].items():
         if name != "references":

@@ -14,6 +14,12 @@ are held out, the floors are fitted on the rest, alpha is the grid value of ALPH
 floor's alpha. The chosen floors are then refitted on all the training windows given. L_S(4) is the mean
 cross-entropy (nats) over the non-padding tokens of S(4), as the models report it; token accuracy is the
 argmax match rate on the same tokens.
+
+End cost (`count_end_cost`). The floors, like the 4-tensor readout, are scored only on live slots, so they are told
+for free that S(4) has not ended yet. The free-running baseline is not: at each step it also gives [EOS] some mass,
+and on a content token it pays -log(1 - p([EOS])) for it. The count version of that cost is the per-slot end rate of
+the training sentences (all five of every window), h_n = (#ending at n + 1) / (#reaching n + 2); a writer that must
+say where S(4) ends and knows only that rate pays the mean of -log(1 - h_n) over the S(4) tokens, on top of a floor.
 """
 
 from __future__ import annotations
@@ -152,6 +158,23 @@ def floor_metrics(floor: CountFloor, windows: torch.Tensor, accuracy: bool = Tru
     return metrics
 
 
+def count_end_cost(train_windows: torch.Tensor, windows: torch.Tensor) -> float:
+    """Mean -log(1 - h_n) over the non-padding S(4) tokens of `windows` (S, 5, N), h_n the add-one per-slot end rate
+    of every sentence of `train_windows` (module docstring): what knowing only the length statistics costs a model
+    that, like the free-running baseline, must spend mass on [EOS] at every slot."""
+    n = train_windows.shape[2]
+    if windows.shape[2] != n:
+        raise ValueError(f"windows have {windows.shape[2]} slots a sentence, the training windows {n}")
+    lengths = (train_windows != PAD_ID).sum(-1).flatten()  # (S * 5,) sentence lengths
+    ends = torch.bincount(lengths, minlength=n + 1)[:n].double()  # sentences that end at slot k (k tokens)
+    reaching = (lengths[:, None] >= torch.arange(n)[None, :]).sum(0).double()  # sentences still going at slot k
+    cost = -torch.log1p(-(ends + 1) / (reaching + 2))  # (N,) paid by a token at slot k
+    live = windows[:, CONTEXT] != PAD_ID  # (S, N)
+    if not live.any():
+        raise ValueError("the windows hold no non-padding S(4) token")
+    return float((cost[None, :] * live).sum() / live.sum())
+
+
 def split_heldout(windows: torch.Tensor, fraction: float = HELDOUT_FRACTION) -> tuple[torch.Tensor, torch.Tensor]:
     """(fit, held-out): the last ceil(fraction * S) windows are held out; both parts must be non-empty."""
     held = math.ceil(fraction * len(windows))
@@ -195,13 +218,14 @@ def select_floors(train_windows: torch.Tensor, vocab_size: int, fraction: float 
 def floor_report(train_windows: torch.Tensor, val_windows: torch.Tensor, vocab_size: int) -> tuple[dict, dict]:
     """Select and refit the floors on `train_windows`, then measure them on `val_windows`.
 
-    Returns (floors {name: CountFloor}, report {"selection": ..., "train_windows", name: {"alpha", "copy_weight",
-    "heldout_last_ce", "val_last_ce", "val_token_accuracy", "last_tokens"}}).
+    Returns (floors {name: CountFloor}, report {"selection": ..., "train_windows", "end_cost" (`count_end_cost`),
+    name: {"alpha", "copy_weight", "heldout_last_ce", "val_last_ce", "val_token_accuracy", "last_tokens"}}).
     """
     chosen = select_floors(train_windows, vocab_size)
     report = {
         "train_windows": len(train_windows),
         "selection": {k: v for k, v in chosen["selection"].items() if k not in FLOORS},
+        "end_cost": count_end_cost(train_windows, val_windows),
     }
     for name, floor in chosen["floors"].items():
         m = floor_metrics(floor, val_windows)

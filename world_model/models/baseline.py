@@ -98,6 +98,13 @@ def compact(ids: torch.Tensor, keep: torch.Tensor, pad: int, lead: int | None = 
     return out, lengths
 
 
+def gold_steps(packed: Packed, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(active, content), each (B, G): the steps k < gold_len of each row, and those whose gold is not [EOS]."""
+    steps = torch.arange(packed.gold.shape[1], device=packed.gold.device)
+    active = steps[None, :] < packed.gold_len[:, None]
+    return active, active & (packed.gold != eos_id)
+
+
 def aligned_correct(tokens: torch.Tensor, gold: torch.Tensor, content: torch.Tensor, eos_id: int) -> torch.Tensor:
     """Greedy token accuracy on gold content positions: tokens, gold, content (B, G) -> matches (B, G).
 
@@ -309,7 +316,7 @@ class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):
         self.check_full_window(token_ids_full)
         p = self.pack(token_ids_full)
         steps = torch.arange(p.gold.shape[1], device=p.gold.device)  # (G,)
-        content = steps[None, :] < (p.gold_len - 1)[:, None]  # (B, G) the gold tokens before [EOS]
+        _, content = gold_steps(p, self.config.eos_id)  # (B, G) the gold tokens before [EOS]
         live = torch.arange(p.prefix.shape[1], device=p.prefix.device)[None, :] < p.prefix_len[:, None]  # (B, Lp)
         seq, _ = compact(
             torch.cat([p.prefix, p.gold], dim=1), torch.cat([live, content], dim=1), self.config.padding_idx
@@ -320,6 +327,21 @@ class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):
         ce = F.cross_entropy(F.linear(h, self.E.weight), p.gold[content], reduction="sum")
         return ce, content.sum()
 
+    @torch.no_grad()
+    def last_end_cost(self, token_ids_full: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A stored window (B, T+1, N) -> (summed -log(1 - p([EOS])) (), count ()) over S(T)'s content tokens, at
+        their free-running steps: the part of L_S(T) spent on saying the sentence goes on.
+
+        A diagnostic beside the paper's number: the 4-tensor readout and the count floors are scored only on live
+        slots, so they never pay it. L_S(T) less this cost is the cross-entropy under the step distributions
+        renormalised without [EOS].
+        """
+        run = self.free_run(token_ids_full)
+        _, content = gold_steps(run.packed, self.config.eos_id)
+        logits = run.logits[content]  # (K, V)
+        rest = logits.index_fill(-1, torch.tensor([self.config.eos_id], device=logits.device), float("-inf"))
+        return (logits.logsumexp(-1) - rest.logsumexp(-1)).sum(), content.sum()  # -log(1 - p([EOS])) per token
+
     def training_step(self, token_ids_full: torch.Tensor, use_cache: bool = True) -> StepStats:
         """A stored window (B, T+1, N) -> the free-running selection loss and the statistics on S(T).
 
@@ -328,10 +350,8 @@ class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):
         4-tensor last slice is scored on. last_correct follows `aligned_correct`.
         """
         run = self.free_run(token_ids_full, use_cache)
-        gold, gold_len = run.packed.gold, run.packed.gold_len
-        G = gold.shape[1]
-        active = torch.arange(G, device=gold.device)[None, :] < gold_len[:, None]  # (B, G)
-        content = active & (gold != self.config.eos_id)  # (B, G)
+        gold = run.packed.gold
+        active, content = gold_steps(run.packed, self.config.eos_id)
         ce = F.cross_entropy(run.logits[active], gold[active], reduction="none")  # (K,), row-major over (b, k)
         is_content = content[active]  # (K,)
         window_tokens = active.sum()
