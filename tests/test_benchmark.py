@@ -158,6 +158,7 @@ def test_floors_and_story_cloze_are_in_the_reports(finished, data_dir):
     _, report = floor_report(
         encode_windows(corpus.train[:24], vocab), encode_windows(corpus.validation, vocab), len(vocab)
     )
+    assert floors["end_cost"] == pytest.approx(report["end_cost"], rel=1e-12) and floors["end_cost"] > 0
     for f in floors["rows"]:
         assert f["val_last_ce"] == pytest.approx(report[f["floor"]]["val_last_ce"], rel=1e-12)
         assert list(f["story_cloze"]) == ["val", "test"] and f["story_cloze"]["val"]["stories"] == 5
@@ -168,6 +169,8 @@ def test_floors_and_story_cloze_are_in_the_reports(finished, data_dir):
         assert r["story_cloze"] == expected and set(expected["test"]) == {"summed", "per_token", "stories"}
     md = (out / "results.md").read_text()
     assert "## Count floors (training data only)" in md and "## Story Cloze accuracy" in md
+    position = report["position_unigram"]["val_last_ce"]
+    assert f"must say where S(4) ends is {position + report['end_cost']:.4f}" in md
     assert sum(line.startswith("| floor: ") for line in md.splitlines()) == len(FLOORS)
     assert "GPT-1 (Radford et al., 2018) 86.5%" in md
 

@@ -263,7 +263,15 @@ def floor_markdown_lines(results: dict) -> list[str]:
             f"| {f['floor']} | {f['alpha']:g} | {f['copy_weight']:g} | {f['heldout_last_ce']:.4f} | {f['val_last_ce']:.4f} | "
             f"{f['val_token_accuracy']:.4f} | {math.exp(f['val_last_ce']):.1f} |"
         )
-    return lines
+    position = next(f["val_last_ce"] for f in floors["rows"] if f["floor"] == "position_unigram")
+    return lines + [
+        "",
+        "The floors, like the 4-tensor readout, are scored on live slots only, so they are told for free that S(4) has "
+        "not ended. The free-running baseline is not: its L_S(4) includes the mass it gives [EOS] at every step. A count "
+        f"of where the training sentences end pays {floors['end_cost']:.4f} nats a token for that, so the "
+        f"position-unigram floor of a writer that must say where S(4) ends is {position + floors['end_cost']:.4f} "
+        "(`python -m world_model.evaluation.evaluate` prints a baseline checkpoint's own end cost).",
+    ]
 
 
 def story_cloze_markdown_lines(results: dict) -> list[str]:

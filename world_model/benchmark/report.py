@@ -215,6 +215,7 @@ def floor_records(results: dict) -> dict:
     return {
         "train_windows": report["train_windows"],
         "selection": report["selection"],
+        "end_cost": report["end_cost"],
         "rows": [
             {
                 "floor": name,
