@@ -94,6 +94,25 @@ def test_target_marker_repeats_bos_after_the_prefix_and_adds_no_parameter():
     assert not BaselineConfig.from_dict(data).target_marker
 
 
+def test_scaled_input_token_vectors_are_e_times_sqrt_d_on_every_path(tmp_path):
+    model = make_model(seed=2, scale_embeddings=True)
+    plain = make_model(seed=2)  # the paper's baseline: E(ids) as stored, the same weights
+    ids = torch.tensor([[BOS, 4, 5, 6]])
+    torch.testing.assert_close(model.token_code(ids), plain.E(ids) * model.config.d**0.5)
+    torch.testing.assert_close(plain.token_code(ids), plain.E(ids))
+    assert not torch.allclose(model(ids), plain(ids))
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in plain.parameters())
+    # The cached free run reads the same token vectors as the full forward pass.
+    full = make_full(B=2, seed=6)
+    torch.testing.assert_close(model.free_run(full).logits, model.free_run(full, use_cache=False).logits)
+    # Saved and loaded, it keeps the scale; a config saved before the field existed loads as the paper's.
+    model.save_pretrained(tmp_path)
+    torch.testing.assert_close(BaselineModel.from_pretrained(tmp_path)(ids), model(ids))
+    data = model.config.to_dict()
+    del data["scale_embeddings"]
+    assert not BaselineConfig.from_dict(data).scale_embeddings
+
+
 # ----- the causal stack -----
 def test_causal_mask_later_tokens_do_not_change_earlier_logits():
     model = make_model()

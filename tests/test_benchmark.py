@@ -159,6 +159,7 @@ def test_floors_and_story_cloze_are_in_the_reports(finished, data_dir):
         encode_windows(corpus.train[:24], vocab), encode_windows(corpus.validation, vocab), len(vocab)
     )
     assert floors["end_cost"] == pytest.approx(report["end_cost"], rel=1e-12) and floors["end_cost"] > 0
+    assert floors["last_sentence"] == report["last_sentence"]
     for f in floors["rows"]:
         assert f["val_last_ce"] == pytest.approx(report[f["floor"]]["val_last_ce"], rel=1e-12)
         assert list(f["story_cloze"]) == ["val", "test"] and f["story_cloze"]["val"]["stories"] == 5
@@ -171,6 +172,8 @@ def test_floors_and_story_cloze_are_in_the_reports(finished, data_dir):
     assert "## Count floors (training data only)" in md and "## Story Cloze accuracy" in md
     position = report["position_unigram"]["val_last_ce"]
     assert f"must say where S(4) ends is {position + report['end_cost']:.4f}" in md
+    last = report["last_sentence"]["val_last_ce"]
+    assert f"scores {last:.4f}, and {last + report['end_cost']:.4f} with the end cost" in md
     assert sum(line.startswith("| floor: ") for line in md.splitlines()) == len(FLOORS)
     assert "GPT-1 (Radford et al., 2018) 86.5%" in md
 
@@ -262,13 +265,15 @@ def test_presets_share_the_paper_matching_rule():
     assert (paper["training"]["lr"], paper["training"].get("lr_schedule", "constant")) == (3e-4, "constant")
     assert (paper["model"]["d_x"], paper["model"]["d_t"], paper["training"]["max_epochs"]) == (64, 32, 100)
     assert (cpu["model"]["d_x"], cpu["model"]["d_t"]) == (16, 8)
-    # the cpu preset: the headline pair by default, all training stories, at least three seeds, the three extra rows
+    # the cpu preset: the headline pair by default, all training stories, at least three seeds, the four extra rows
     assert cpu["default_pairs"] == ["h4_l2"] and len(cpu["seeds"]) >= 3 and cpu["budget"]["train_subset"] is None
     causal = run_config(cpu, "h4_l2", "four_tensor", variant="causal")["model"]
     copy = run_config(cpu, "h4_l2", "four_tensor", variant="causal_copy")["model"]
     assert causal["temporal_causal"] and not causal["copy_path"] and copy["temporal_causal"] and copy["copy_path"]
     marker = run_config(cpu, "h4_l2", "baseline", variant="marker")["model"]
     assert marker["target_marker"] and not run_config(cpu, "h4_l2", "baseline")["model"]["target_marker"]
+    scaled = run_config(cpu, "h4_l2", "baseline", variant="marker_scaled")["model"]
+    assert scaled["target_marker"] and scaled["scale_embeddings"] and not marker["scale_embeddings"]
     assert paper["budget"] == {"train_subset": None, "max_minutes": None}
 
 

@@ -92,6 +92,32 @@ def test_count_end_cost_is_the_add_one_end_rate_of_the_training_sentences_paid_b
         fl.count_end_cost(TRAIN, torch.zeros_like(VAL))
 
 
+def test_last_sentence_floor_counts_the_training_s4_slots_alone():
+    # TRAIN's S(4)s are [3, pad] and [2, 4]: slot 0 holds 3 once and 2 once, slot 1 holds 4 once (ids 1..4).
+    got = fl.last_sentence_floor(TRAIN, VAL, V)
+    alpha = Fraction(got["alpha"]).limit_denominator(1000)
+    assert got["alpha"] in fl.ALPHAS
+    s4_counts = [{1: 0, 2: 1, 3: 1, 4: 0}, {1: 0, 2: 0, 3: 0, 4: 1}]
+    log_sum, tokens = 0.0, 0
+    for window in VAL.tolist():
+        for slot, v in enumerate(window[4]):
+            if v:
+                counts = s4_counts[slot]
+                log_sum += math.log((counts[v] + alpha) / (sum(counts.values()) + 4 * alpha))
+                tokens += 1
+    assert got["val_last_ce"] == pytest.approx(-log_sum / tokens, rel=1e-9)
+    # alpha is the grid value of lowest loss on the held-out training window (the second), counts from the first
+    fit, held = fl.split_heldout(TRAIN)
+    counts = fl.slot_counts(fit, V, last_only=True)
+    scores = {a: fl.floor_metrics(fl.CountFloor.fit("position_unigram", counts, a), held)["last_ce"] for a in fl.ALPHAS}
+    assert got["alpha"] == min(scores, key=scores.get) and got["heldout_last_ce"] == scores[got["alpha"]]
+    # the context sentences of the training windows are not counted
+    other_context = TRAIN.clone()
+    other_context[:, :4] = 4
+    assert fl.last_sentence_floor(other_context, VAL, V) == got
+    assert fl.floor_report(TRAIN, VAL, V)[1]["last_sentence"] == got
+
+
 def test_padding_is_never_predicted_and_an_empty_context_copies_nothing():
     floor = fl.CountFloor.fit("position_unigram_copy", fl.slot_counts(TRAIN, V), 0.5, 0.5)
     assert (floor.table[:, 0] == 0).all() and torch.allclose(floor.table.sum(-1), torch.ones(2, dtype=torch.float64))

@@ -577,6 +577,8 @@ def test_the_baseline_trains_and_evaluates_through_the_same_commands(data_dir, t
     printed = capsys.readouterr().out
     assert "val_last_ce_teacher_forced:" in printed and "val_last_end_cost:" in printed
     assert f"{result['val_last_end_cost']:.4f} for this model" in printed
+    last = result["floors"]["last_sentence"]
+    assert f"(the tokens the flat baseline is trained on): L_S(4) {last['val_last_ce']:.4f}" in printed
 
 
 @pytest.mark.parametrize(

@@ -204,8 +204,8 @@ def floor_records(results: dict) -> dict:
     """The count floors of the benchmark: fitted on the runs' training windows (their settings chosen on the last
     10% of them), measured on the validation windows, with their Story Cloze accuracy.
 
-    {"train_windows", "selection", "rows": [{"floor", "alpha", "copy_weight", "heldout_last_ce", "val_last_ce",
-    "val_token_accuracy", "last_tokens", "story_cloze"}]}."""
+    {"train_windows", "selection", "end_cost", "last_sentence", "rows": [{"floor", "alpha", "copy_weight",
+    "heldout_last_ce", "val_last_ce", "val_token_accuracy", "last_tokens", "story_cloze"}]}."""
     data_dir, k = results["data_dir"], results["settings"]["train_subset"]
     spec = results["preset"]
     n_tokens = run_config(spec, next(iter(spec["pairs"])), MODELS[0])["model"]["n_tokens"]
@@ -216,6 +216,7 @@ def floor_records(results: dict) -> dict:
         "train_windows": report["train_windows"],
         "selection": report["selection"],
         "end_cost": report["end_cost"],
+        "last_sentence": report["last_sentence"],
         "rows": [
             {
                 "floor": name,

@@ -249,6 +249,10 @@ def print_result(result: dict) -> None:
             f"{floors['end_cost']:.4f} knowing only the training sentences' per-slot end rate"
             + (f", {result['val_last_end_cost']:.4f} for this model" if "val_last_end_cost" in result else "")
         )
+        print(
+            f"  the position unigram counted on the training S(4) slots alone (the tokens the flat baseline is trained "
+            f"on): L_S(4) {floors['last_sentence']['val_last_ce']:.4f} (alpha {floors['last_sentence']['alpha']:g})"
+        )
     print("Story Cloze accuracy (right ending by S(4) log-likelihood; summed / per token):")
     for name, halves in result["story_cloze"].items():
         if name != "references":

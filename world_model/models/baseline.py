@@ -39,6 +39,12 @@ so the model sees where the sentence it writes begins; without it, a free-runnin
 words alone where its own sentence started. No parameter is added; training, scoring and generation all pack
 through `pack_prefix`, so they agree. The cpu benchmark reports it as the "marker" row.
 
+Token scale (not in the paper; off by default). The token table is initialised at N(0, 0.02) and is also the
+readout, so its rows stay small (norm about 1 after training at the cpu width), while the sinusoidal code has norm
+sqrt(d / 2) (8 at d = 128): what the first LayerNorm sees is mostly position. `scale_embeddings=True` feeds
+E(ids) * sqrt(d) instead (Vaswani et al. 2017, section 3.4), the readout unchanged. The cpu benchmark reports it,
+with the target marker, as the "marker_scaled" row.
+
 Layout: `baseline_config` (BaselineConfig), this module (packing, blocks, the model and its objective),
 `kv_cache` (prefill, extension, the free-running loop), `baseline_generation` (closed-set scoring, generation).
 """
@@ -267,6 +273,11 @@ class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):
         return compact(sentences, sentences != c.padding_idx, c.padding_idx, tail=c.eos_id)
 
     # ----- forward pass -----
+    def token_code(self, ids: torch.Tensor) -> torch.Tensor:
+        """Ids (...) -> input token vectors (..., d): E(ids), times sqrt(d) with `scale_embeddings`."""
+        x = self.E(ids)
+        return x * math.sqrt(self.config.d) if self.config.scale_embeddings else x
+
     def position_code(self, pos: torch.Tensor) -> torch.Tensor:
         """Positions (...) -> (..., d)."""
         return self.P(pos) if self.config.positions == "learned" else self.P_sin[pos]
@@ -275,7 +286,7 @@ class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):
         """Packed ids (B, L) -> final-normalised states (B, L, d)."""
         self.check_sequence(ids)
         ids = ids.long()
-        x = self.E(ids) + self.position_code(torch.arange(ids.shape[1], device=ids.device))
+        x = self.token_code(ids) + self.position_code(torch.arange(ids.shape[1], device=ids.device))
         for block in self.blocks:
             x, _ = block(x)
         return self.final_norm(x)

@@ -36,6 +36,10 @@ class BaselineConfig:
     # Not in the paper (which packs with no separators): [BOS] once more after S(T-1), so the model sees where
     # the sentence it writes begins. No new parameter; the "marker" row of the cpu benchmark.
     target_marker: bool = False
+    # Not in the paper (off by default): input token vectors E(ids) * sqrt(d) (Vaswani et al. 2017, 3.4), so that
+    # the tied table, read out at logit scale (rows of norm ~1), meets the unit-amplitude sinusoidal code (norm
+    # sqrt(d / 2)) at a like scale instead of about a seventh of it. No new parameter; the "marker_scaled" row.
+    scale_embeddings: bool = False
 
     def __post_init__(self) -> None:
         for name in ("content_vocab_size", "d_x", "d_t", "n_heads", "n_layers", "n_tokens", "n_states"):

@@ -47,7 +47,7 @@ class CachedDecoding:
         self.check_sequence(prefix, prefix_len)
         prefix, prefix_len = prefix.long(), prefix_len.long()
         Lp = prefix.shape[1]
-        x = self.E(prefix) + self.position_code(torch.arange(Lp, device=prefix.device))
+        x = self.token_code(prefix) + self.position_code(torch.arange(Lp, device=prefix.device))
         kv = []
         for block in self.blocks:
             x, layer_kv = block(x)
@@ -72,7 +72,7 @@ class CachedDecoding:
         if int(cache.next_pos.max()) + K > self.config.max_len:
             raise ValueError(f"the sequence would pass max_len = {self.config.max_len}")
         steps = torch.arange(K, device=tokens.device)
-        x = self.E(tokens.long()) + self.position_code(cache.next_pos[:, None] + steps)  # (B, K, d)
+        x = self.token_code(tokens.long()) + self.position_code(cache.next_pos[:, None] + steps)  # (B, K, d)
         causal = steps[:, None] >= steps[None, :]  # (K, K) token k sees tokens 0..k
         mask = torch.cat(
             [
