@@ -187,15 +187,11 @@ def last_sentence_floor(train_windows: torch.Tensor, val_windows: torch.Tensor, 
     `train_windows` and scored on `val_windows`: {"alpha", "heldout_last_ce", "val_last_ce"}."""
     check_windows(train_windows, vocab_size, "training windows")
     fit, held = split_heldout(train_windows)
-    counts = slot_counts(fit, vocab_size, last_only=True)
-    scores = {
-        a: floor_metrics(CountFloor.fit("position_unigram", counts, a), held, accuracy=False)["last_ce"] for a in ALPHAS
-    }
-    alpha = min(scores, key=scores.get)
+    alpha, heldout_ce = best_alpha("position_unigram", slot_counts(fit, vocab_size, last_only=True), held)
     floor = CountFloor.fit("position_unigram", slot_counts(train_windows, vocab_size, last_only=True), alpha)
     return {
         "alpha": alpha,
-        "heldout_last_ce": scores[alpha],
+        "heldout_last_ce": heldout_ce,
         "val_last_ce": floor_metrics(floor, val_windows, accuracy=False)["last_ce"],
     }
 
@@ -210,6 +206,16 @@ def split_heldout(windows: torch.Tensor, fraction: float = HELDOUT_FRACTION) -> 
     return windows[:-held], windows[-held:]
 
 
+def best_alpha(name: str, counts: torch.Tensor, held: torch.Tensor) -> tuple[float, float]:
+    """The value of ALPHAS whose floor `name` fitted on `counts` (N, V) has the lowest L_S(4) on the held-out
+    windows `held` (S, 5, N), and that L_S(4) (the first such value on a tie)."""
+    scores = {
+        alpha: floor_metrics(CountFloor.fit(name, counts, alpha), held, accuracy=False)["last_ce"] for alpha in ALPHAS
+    }
+    alpha = min(scores, key=scores.get)
+    return alpha, scores[alpha]
+
+
 def select_floors(train_windows: torch.Tensor, vocab_size: int, fraction: float = HELDOUT_FRACTION) -> dict:
     """Choose every floor's settings on a held-out slice of the training windows, then refit on them all.
 
@@ -219,17 +225,15 @@ def select_floors(train_windows: torch.Tensor, vocab_size: int, fraction: float 
     check_windows(train_windows, vocab_size, "training windows")
     fit, held = split_heldout(train_windows, fraction)
     counts = slot_counts(fit, vocab_size)
-
-    def heldout_ce(name: str, alpha: float, weight: float = 0.0) -> float:
-        return floor_metrics(CountFloor.fit(name, counts, alpha, weight), held, accuracy=False)["last_ce"]
-
     selection: dict = {"fit_windows": len(fit), "heldout_windows": len(held), "heldout_fraction": fraction}
     for name in ("unigram", "position_unigram"):
-        scores = {alpha: heldout_ce(name, alpha) for alpha in ALPHAS}
-        alpha = min(scores, key=scores.get)
-        selection[name] = {"alpha": alpha, "copy_weight": 0.0, "heldout_last_ce": scores[alpha]}
+        alpha, heldout_ce = best_alpha(name, counts, held)
+        selection[name] = {"alpha": alpha, "copy_weight": 0.0, "heldout_last_ce": heldout_ce}
     alpha = selection["position_unigram"]["alpha"]
-    scores = {w: heldout_ce("position_unigram_copy", alpha, w) for w in COPY_WEIGHTS}
+    scores = {
+        w: floor_metrics(CountFloor.fit("position_unigram_copy", counts, alpha, w), held, accuracy=False)["last_ce"]
+        for w in COPY_WEIGHTS
+    }
     weight = min(scores, key=scores.get)
     selection["position_unigram_copy"] = {"alpha": alpha, "copy_weight": weight, "heldout_last_ce": scores[weight]}
     all_counts = slot_counts(train_windows, vocab_size)
