@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from world_model.models.baseline import BaselineModel, aligned_correct, compact
+from world_model.models.baseline import BaselineModel, aligned_correct, compact, rotate
 from world_model.models.baseline_config import BaselineConfig
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.four_tensor_config import FourTensorConfig
@@ -114,6 +114,41 @@ def test_scaled_input_token_vectors_are_e_times_sqrt_d_on_every_path(tmp_path):
 
 
 # ----- the causal stack -----
+def test_rotary_scores_depend_on_the_position_difference_only_and_turn_channel_pairs():
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(2, 3, 6, 8, generator=g, dtype=torch.float64), torch.randn(2, 3, 6, 8, generator=g).double()
+    pos = torch.tensor([0, 1, 2, 5, 9, 20])
+    scores = rotate(q, pos) @ rotate(k, pos).transpose(-1, -2)
+    torch.testing.assert_close(rotate(q, pos + 37) @ rotate(k, pos + 37).transpose(-1, -2), scores)
+    torch.testing.assert_close(rotate(q, pos).norm(dim=-1), q.norm(dim=-1))  # a rotation of each pair
+    torch.testing.assert_close(rotate(q, torch.zeros(6, dtype=torch.long)), q)  # position 0 turns nothing
+    # channel 0 is paired with channel w/2 = 4 and turned by angle position * base^0 = position
+    x = torch.zeros(1, 1, 1, 8, dtype=torch.float64)
+    x[..., 0] = 1.0
+    turned = rotate(x, torch.tensor([2]))[0, 0, 0]
+    expected = torch.zeros(8, dtype=torch.float64)
+    expected[0], expected[4] = torch.cos(torch.tensor(2.0)), torch.sin(torch.tensor(2.0))
+    torch.testing.assert_close(turned, expected.double())
+    per_row = rotate(q, torch.stack([pos, pos + 1]))  # (B, L) positions: row 1 one step later
+    torch.testing.assert_close(per_row[1], rotate(q[1:], pos + 1)[0])
+
+
+def test_rotary_positions_add_no_parameter_and_nothing_to_the_input():
+    rotary, plain = make_model(positions="rotary"), make_model(positions="sinusoidal")
+    assert sum(p.numel() for p in rotary.parameters()) == sum(p.numel() for p in plain.parameters())
+    ids = torch.tensor([[BOS, 4, 5, 6]])
+    x, positions = rotary.embed(ids, torch.arange(4))
+    assert torch.equal(x, rotary.E(ids)) and torch.equal(positions, torch.arange(4))
+    x, positions = plain.embed(ids, torch.arange(4))
+    assert positions is None and not torch.equal(x, plain.E(ids))
+    # order still matters: in one layer, where a position-free model sees only the set of earlier tokens, the same
+    # tokens in another order give other logits at the last position
+    model = make_model(scale=0.5, positions="rotary", n_layers=1)
+    a = model.forward_last(torch.tensor([[BOS, 4, 5, 6, 7]]))
+    b = model.forward_last(torch.tensor([[BOS, 5, 4, 6, 7]]))
+    assert not torch.allclose(a, b)
+
+
 def test_causal_mask_later_tokens_do_not_change_earlier_logits():
     model = make_model()
     ids = torch.randint(0, V + 2, (2, 9), generator=torch.Generator().manual_seed(3))
@@ -273,8 +308,10 @@ def assert_cached_run_equals_uncached(model, full):
     return cached
 
 
-def test_cached_and_uncached_free_running_agree():
-    assert_cached_run_equals_uncached(make_model(scale=0.5, n_layers=3).double(), make_full(B=4, seed=9))
+@pytest.mark.parametrize("positions", ["sinusoidal", "rotary"])
+def test_cached_and_uncached_free_running_agree(positions):
+    model = make_model(scale=0.5, n_layers=3, positions=positions).double()
+    assert_cached_run_equals_uncached(model, make_full(B=4, seed=9))
 
 
 def test_cache_in_float32_training_mode_has_one_dropout_per_position_and_still_trains():
@@ -374,10 +411,14 @@ def test_config_round_trip_and_registry_hook():
     with pytest.raises(ValueError, match="padding_idx"):
         BaselineConfig(content_vocab_size=10, padding_idx=10)
     with pytest.raises(ValueError, match="positions"):
-        BaselineConfig(content_vocab_size=10, positions="rotary")
+        BaselineConfig(content_vocab_size=10, positions="alibi")
+    with pytest.raises(ValueError, match="rotary.*default attention"):
+        BaselineConfig(content_vocab_size=10, positions="rotary", attention="gqa", n_kv_heads=1)
+    with pytest.raises(ValueError, match="even head width"):
+        BaselineConfig(content_vocab_size=10, d_x=3, d_t=3, n_heads=3, positions="rotary")
 
 
-@pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned", "rotary"])
 def test_checkpoint_round_trip(tmp_path, positions):
     model = make_model(scale=0.5, positions=positions)
     full = make_full(seed=12)
@@ -553,7 +594,9 @@ def test_score_sentences_with_the_prefix_cache_equals_the_full_sequence_referenc
         )
 
 
-@pytest.mark.parametrize("attention", [dict(), dict(attention="mla", mla_kv_rank=3, mla_shared_kv=True)])
+@pytest.mark.parametrize(
+    "attention", [dict(), dict(positions="rotary"), dict(attention="mla", mla_kv_rank=3, mla_shared_kv=True)]
+)
 def test_extend_many_equals_one_token_extends(attention):
     model = make_model(seed=6, scale=0.5, **attention).double()
     prefix, prefix_len = model.pack_prefix(make_full(B=4, seed=22)[:, :T])

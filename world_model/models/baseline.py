@@ -24,7 +24,9 @@ attention maps on top of the MLP biases at L = 3 (226.3M). The default is theref
 the 4-tensor model: a parameter-free sinusoidal code (`positions="sinusoidal"`, the function of the
 4-tensor's Stage B), bias-free attention maps (the 4-tensor's W_Q, W_K, W_V have no bias either) and
 standard nn.Linear / nn.LayerNorm elsewhere, which totals 175,892,480 (175.9M) and 226,242,560
-(226.2M). `positions="learned"` swaps in a learned absolute table of max_len rows (+max_len * d).
+(226.2M). `positions="learned"` swaps in a learned absolute table of max_len rows (+max_len * d);
+`positions="rotary"` adds nothing to the input and turns each head's queries and keys by their positions (`rotate`),
+parameter-free, for the default attention only (a held-out probe found no gain: docs/benchmark/cpu_baseline_probes).
 
 Attention kind (issue 7). `attention` picks the self-attention of every block from the 1-D attention
 family of the Tucker Attention paper (`world_model.models.attention_family`): "mha" (default), "gqa"
@@ -120,12 +122,30 @@ def aligned_correct(tokens: torch.Tensor, gold: torch.Tensor, content: torch.Ten
     return (tokens == gold) & content & ~after_first(tokens == eos_id)
 
 
+def rotate(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """Rotary position code (RoFormer, Su et al. 2021; the half-split pairing of GPT-NeoX): x (B, H, L, w) at
+    positions (L,) or (B, L) -> (B, H, L, w), channel i paired with i + w/2 and the pair turned by the angle
+    position * base^(-2i/w). Dot products of rotated queries and keys depend on positions only through their
+    difference."""
+    half = x.shape[-1] // 2
+    dtype = torch.promote_types(x.dtype, torch.float32)  # angles in fp32 at least (fp64 for a float64 model)
+    inv_freq = base ** (-torch.arange(half, device=x.device, dtype=dtype) / half)  # (w/2,)
+    angle = positions.to(dtype)[..., None] * inv_freq  # (L, w/2) or (B, L, w/2)
+    if angle.dim() == 3:
+        angle = angle[:, None]  # (B, 1, L, w/2), broadcast over heads
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
 class CausalSelfAttention(nn.Module):
-    """Multi-head self-attention: W_Q, W_K, W_V (stacked in one d x 3d map) and W_O, no biases."""
+    """Multi-head self-attention: W_Q, W_K, W_V (stacked in one d x 3d map) and W_O, no biases; with
+    `positions="rotary"` the queries and keys are rotated by their positions (`rotate`) before the scores."""
 
     def __init__(self, config: BaselineConfig):
         super().__init__()
         self.n_heads, self.d = config.n_heads, config.d
+        self.rotary = config.positions == "rotary"
         self.W_qkv = nn.Linear(config.d, 3 * config.d, bias=False)
         self.W_o = nn.Linear(config.d, config.d, bias=False)
 
@@ -134,15 +154,21 @@ class CausalSelfAttention(nn.Module):
         x: torch.Tensor,
         past: tuple[torch.Tensor, torch.Tensor] | None = None,
         attn_mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """x (B, Lq, d) -> (B, Lq, d) and the keys/values (B, H, Lk, d/H) after appending this call's.
 
         Without `past`, x is a whole sequence from position 0 and the mask is causal (right padding needs
         nothing more: a live position never sees a later slot). With `past`, `attn_mask` (B, 1, Lq, Lk),
-        True where a query may look, is required.
+        True where a query may look, is required. Rotary attention needs the positions (Lq,) or (B, Lq) of x;
+        the cached keys are stored rotated.
         """
         B, Lq, d = x.shape
         q, k, v = self.W_qkv(x).view(B, Lq, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        if self.rotary:
+            if positions is None:
+                raise ValueError("rotary attention needs the positions of its queries")
+            q, k = rotate(q, positions), rotate(k, positions)
         if past is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
@@ -182,8 +208,10 @@ class Block(nn.Module):
             return 2 * seq_len * self.attention.d
         return self.attention.kv_cache_size(seq_len)
 
-    def forward(self, x, past=None, attn_mask=None):
-        y, kv = self.attention(self.ln_attn(x), past=past, attn_mask=attn_mask)  # both kinds take these keywords
+    def forward(self, x, past=None, attn_mask=None, positions=None):
+        """x (B, L, d) -> (B, L, d) and this layer's cache; `positions` (L,) or (B, L) only for rotary attention."""
+        rotary = {} if positions is None else {"positions": positions}  # only CausalSelfAttention takes them
+        y, kv = self.attention(self.ln_attn(x), past=past, attn_mask=attn_mask, **rotary)
         x = x + self.dropout(y)
         return x + self.dropout(self.fc2(F.gelu(self.fc1(self.ln_mlp(x))))), kv
 
@@ -199,7 +227,7 @@ class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):
         self.E = nn.Embedding(c.vocab_size, c.d)  # (V, d), also the readout
         if c.positions == "learned":
             self.P = nn.Embedding(c.max_len, c.d)  # learned absolute positions
-        else:
+        elif c.positions == "sinusoidal":
             self.register_buffer(
                 "P_sin", sinusoidal_embedding(torch.arange(c.max_len, dtype=torch.float32), c.d), persistent=False
             )  # (max_len, d)
@@ -278,17 +306,21 @@ class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):
         x = self.E(ids)
         return x * math.sqrt(self.config.d) if self.config.scale_embeddings else x
 
-    def position_code(self, pos: torch.Tensor) -> torch.Tensor:
-        """Positions (...) -> (..., d)."""
-        return self.P(pos) if self.config.positions == "learned" else self.P_sin[pos]
+    def embed(self, ids: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Ids (B, L) at positions pos (L,) or (B, L) -> the blocks' input (B, L, d) and the positions their
+        attention rotates by: token code + additive position code (sinusoidal, learned) and None, or, with rotary
+        positions, the token code alone and pos."""
+        x = self.token_code(ids)
+        if self.config.positions == "rotary":
+            return x, pos
+        return x + (self.P(pos) if self.config.positions == "learned" else self.P_sin[pos]), None
 
     def encode(self, ids: torch.Tensor) -> torch.Tensor:
         """Packed ids (B, L) -> final-normalised states (B, L, d)."""
         self.check_sequence(ids)
-        ids = ids.long()
-        x = self.token_code(ids) + self.position_code(torch.arange(ids.shape[1], device=ids.device))
+        x, rotary = self.embed(ids.long(), torch.arange(ids.shape[1], device=ids.device))
         for block in self.blocks:
-            x, _ = block(x)
+            x, _ = block(x, positions=rotary)
         return self.final_norm(x)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, fields
 from world_model.models.attention_config import KINDS as ATTENTION_KINDS
 from world_model.models.attention_config import AttentionConfig
 
+POSITIONS = ("sinusoidal", "learned", "rotary")
+
 
 @dataclass
 class BaselineConfig:
@@ -23,7 +25,9 @@ class BaselineConfig:
     n_states: int = 4  # T, sentences in the input window
     dropout: float = 0.1
     padding_idx: int = 0
-    positions: str = "sinusoidal"  # "sinusoidal" (parameter-free) or "learned" (absolute table)
+    # "sinusoidal" (parameter-free, added to the input), "learned" (absolute table, added to the input) or "rotary"
+    # (parameter-free, RoFormer: queries and keys rotated by their positions, nothing added; default attention only)
+    positions: str = "sinusoidal"
     # Attention kind from the family (see the module docstring); the defaults are the original model.
     attention: str = "mha"  # "mha" | "gqa" | "mla" | "tucker"
     n_kv_heads: int | None = None  # gqa only: key/value heads n_KV dividing n_heads (1 = MQA)
@@ -53,9 +57,16 @@ class BaselineConfig:
             raise ValueError(f"n_heads {self.n_heads} must divide the width d = d_x * d_t = {self.d}")
         if not 0.0 <= self.dropout <= 1.0:
             raise ValueError(f"dropout must lie in [0, 1], got {self.dropout}")
-        if self.positions not in ("sinusoidal", "learned"):
-            raise ValueError(f"positions must be 'sinusoidal' or 'learned', got {self.positions!r}")
+        if self.positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
         self._check_attention()
+        if self.positions == "rotary":
+            if self.uses_family_attention:
+                raise ValueError("positions='rotary' needs the default attention (mha, no bitlinear)")
+            if (self.d // self.n_heads) % 2:
+                raise ValueError(
+                    f"positions='rotary' needs an even head width, got d / n_heads = {self.d // self.n_heads}"
+                )
 
     def _check_attention(self) -> None:
         if self.attention not in ATTENTION_KINDS:

@@ -39,7 +39,7 @@ class KVCache:
 
 class CachedDecoding:
     """Prefill, extension and the free-running loop of a model with `config`, `E`, `blocks`, `final_norm`,
-    `position_code`, `check_sequence` and `forward_last` (the baseline)."""
+    `embed`, `check_sequence` and `forward_last` (the baseline)."""
 
     # ----- KV cache -----
     def prefill(self, prefix: torch.Tensor, prefix_len: torch.Tensor) -> tuple[torch.Tensor, KVCache]:
@@ -47,10 +47,10 @@ class CachedDecoding:
         self.check_sequence(prefix, prefix_len)
         prefix, prefix_len = prefix.long(), prefix_len.long()
         Lp = prefix.shape[1]
-        x = self.token_code(prefix) + self.position_code(torch.arange(Lp, device=prefix.device))
+        x, rotary = self.embed(prefix, torch.arange(Lp, device=prefix.device))
         kv = []
         for block in self.blocks:
-            x, layer_kv = block(x)
+            x, layer_kv = block(x, positions=rotary)
             kv.append(layer_kv)
         rows = torch.arange(prefix.shape[0], device=prefix.device)
         h = self.final_norm(x[rows, prefix_len - 1])  # (B, d)
@@ -72,7 +72,7 @@ class CachedDecoding:
         if int(cache.next_pos.max()) + K > self.config.max_len:
             raise ValueError(f"the sequence would pass max_len = {self.config.max_len}")
         steps = torch.arange(K, device=tokens.device)
-        x = self.token_code(tokens.long()) + self.position_code(cache.next_pos[:, None] + steps)  # (B, K, d)
+        x, rotary = self.embed(tokens.long(), cache.next_pos[:, None] + steps)  # (B, K, d)
         causal = steps[:, None] >= steps[None, :]  # (K, K) token k sees tokens 0..k
         mask = torch.cat(
             [
@@ -82,7 +82,7 @@ class CachedDecoding:
             dim=-1,
         )
         for i, block in enumerate(self.blocks):
-            x, cache.kv[i] = block(x, cache.kv[i], mask)
+            x, cache.kv[i] = block(x, cache.kv[i], mask, rotary)
         cache.live = torch.cat([cache.live, cache.live.new_ones(B, K)], dim=1)
         cache.next_pos = cache.next_pos + K
         return F.linear(self.final_norm(x), self.E.weight)

@@ -1,0 +1,90 @@
+"""Per-slot and per-context-length breakdown of a baseline checkpoint against the count floors.
+Floors fitted on the first 18,000 training stories (the probe's training stories); held-out = last 2,000."""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from world_model.data.rocstories import encode_windows, load_corpus
+from world_model.evaluation.evaluate import encode_stories, load_validation_stories
+from world_model.evaluation.floors import select_floors
+from world_model.models.baseline import gold_steps
+from world_model.models.registry import load_model
+from world_model.text.vocab import Vocabulary
+
+ckpt, data = sys.argv[1], sys.argv[2]
+torch.set_num_threads(1)
+model = load_model(ckpt, device="cpu").eval()
+vocab = Vocabulary.load(Path(ckpt))
+train, held = load_corpus(data).split(2000)
+W_tr = encode_windows(train, vocab, 16)
+sets = {
+    "heldout": encode_windows(held, vocab, 16),
+    "cloze": encode_stories(load_validation_stories(data), vocab, 16)[0],
+}
+floors = select_floors(W_tr, len(vocab))["floors"]
+out = {}
+for name, W in sets.items():
+    ce_model = torch.zeros(W.shape[0], 16)
+    with torch.no_grad():
+        for i in range(0, len(W), 128):
+            run = model.free_run(W[i : i + 128])
+            _, content = gold_steps(run.packed, model.config.eos_id)
+            lp = torch.log_softmax(run.logits.float(), -1).gather(-1, run.packed.gold[..., None])[..., 0]
+            G = content.shape[1]
+            ce_model[i : i + 128, : min(G, 16)] = torch.where(content, -lp, 0.0)[:, :16]
+    target = W[:, 4]
+    live = target != 0
+    ctx_len = (W[:, :4] != 0).sum((1, 2))
+    s4_len = live.sum(1)
+    res = {"model": (ce_model[live].mean().item())}
+    fl = {}
+    for fname, f in floors.items():
+        fl[fname] = -f.token_log_probs(W[:, :4], target).float()
+        res[fname] = fl[fname][live].mean().item()
+    # per slot
+    res["by_slot"] = []
+    for k in range(12):
+        m = live[:, k]
+        res["by_slot"].append(
+            (
+                k,
+                int(m.sum()),
+                round(ce_model[:, k][m].mean().item(), 3),
+                round(fl["position_unigram"][:, k][m].mean().item(), 3),
+                round(fl["position_unigram_copy"][:, k][m].mean().item(), 3),
+            )
+        )
+    res["by_ctx"] = []
+    for lo, hi in [(0, 30), (30, 35), (35, 40), (40, 45), (45, 50), (50, 65)]:
+        m = ((ctx_len >= lo) & (ctx_len < hi))[:, None] & live
+        if m.sum() == 0:
+            continue
+        res["by_ctx"].append(
+            (
+                lo,
+                hi,
+                int(m.any(1).sum()),
+                round(ce_model[m].mean().item(), 3),
+                round(fl["position_unigram"][m].mean().item(), 3),
+            )
+        )
+    res["by_s4len"] = []
+    for lo, hi in [(1, 7), (7, 9), (9, 11), (11, 13), (13, 17)]:
+        m = ((s4_len >= lo) & (s4_len < hi))[:, None] & live
+        if m.sum() == 0:
+            continue
+        res["by_s4len"].append(
+            (
+                lo,
+                hi,
+                int(m.any(1).sum()),
+                round(ce_model[m].mean().item(), 3),
+                round(fl["position_unigram"][m].mean().item(), 3),
+            )
+        )
+    out[name] = res
+    print(name, json.dumps(res, indent=None))
+json.dump(out, open(sys.argv[3], "w"), indent=1)
