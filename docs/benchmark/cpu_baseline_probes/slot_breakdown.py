@@ -14,6 +14,19 @@ from world_model.models.baseline import gold_steps
 from world_model.models.registry import load_model
 from world_model.text.vocab import Vocabulary
 
+
+def by_length(ce_model, ce_floor, live, lengths, edges):
+    """(lo, hi, windows, model CE, floor CE) over the live S(4) tokens of the windows with lo <= length < hi."""
+    rows = []
+    for lo, hi in edges:
+        m = ((lengths >= lo) & (lengths < hi))[:, None] & live
+        if m.sum():
+            rows.append(
+                (lo, hi, int(m.any(1).sum()), round(ce_model[m].mean().item(), 3), round(ce_floor[m].mean().item(), 3))
+            )
+    return rows
+
+
 ckpt, data = sys.argv[1], sys.argv[2]
 torch.set_num_threads(1)
 model = load_model(ckpt, device="cpu").eval()
@@ -57,34 +70,11 @@ for name, W in sets.items():
                 round(fl["position_unigram_copy"][:, k][m].mean().item(), 3),
             )
         )
-    res["by_ctx"] = []
-    for lo, hi in [(0, 30), (30, 35), (35, 40), (40, 45), (45, 50), (50, 65)]:
-        m = ((ctx_len >= lo) & (ctx_len < hi))[:, None] & live
-        if m.sum() == 0:
-            continue
-        res["by_ctx"].append(
-            (
-                lo,
-                hi,
-                int(m.any(1).sum()),
-                round(ce_model[m].mean().item(), 3),
-                round(fl["position_unigram"][m].mean().item(), 3),
-            )
-        )
-    res["by_s4len"] = []
-    for lo, hi in [(1, 7), (7, 9), (9, 11), (11, 13), (13, 17)]:
-        m = ((s4_len >= lo) & (s4_len < hi))[:, None] & live
-        if m.sum() == 0:
-            continue
-        res["by_s4len"].append(
-            (
-                lo,
-                hi,
-                int(m.any(1).sum()),
-                round(ce_model[m].mean().item(), 3),
-                round(fl["position_unigram"][m].mean().item(), 3),
-            )
-        )
+    for key, lengths, edges in (
+        ("by_ctx", ctx_len, [(0, 30), (30, 35), (35, 40), (40, 45), (45, 50), (50, 65)]),
+        ("by_s4len", s4_len, [(1, 7), (7, 9), (9, 11), (11, 13), (13, 17)]),
+    ):
+        res[key] = by_length(ce_model, fl["position_unigram"], live, lengths, edges)
     out[name] = res
     print(name, json.dumps(res, indent=None))
-json.dump(out, open(sys.argv[3], "w"), indent=1)
+Path(sys.argv[3]).write_text(json.dumps(out, indent=1))
