@@ -633,16 +633,18 @@ def test_teacher_forced_last_ce_equals_a_naive_loop_and_the_free_run_on_the_mode
     model = make_model(seed=4, scale=0.5, target_marker=target_marker).double()
     full = make_full(B=4, seed=21)
     ce, count = model.teacher_forced_last_ce(full)
-    ref, n = torch.zeros((), dtype=torch.float64), 0
+    per_token, content = model.teacher_forced_ce(full)  # (B, G) each
+    ref = torch.zeros_like(per_token)
     for b in range(4):  # one full forward pass per gold token: prefix + the gold tokens before it
         prefix = model.pack_prefix(full[b : b + 1, :T])[0][0].tolist()
         gold = [t for t in full[b, T].tolist() if t != 0]
+        assert content[b].tolist() == [k < len(gold) for k in range(content.shape[1])]
         for k, token in enumerate(gold):
             logits = model(torch.tensor([prefix + gold[:k]]))[0, -1]
-            ref -= logits.log_softmax(-1)[token]
-            n += 1
-    torch.testing.assert_close(ce, ref, rtol=1e-10, atol=1e-10)
-    assert int(count) == n
+            ref[b, k] = -logits.log_softmax(-1)[token]
+    torch.testing.assert_close(per_token, ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(ce, ref.sum(), rtol=1e-10, atol=1e-10)
+    assert int(count) == int(content.sum())
     # Where gold S(T) is the model's own greedy sentence, free running reads exactly the gold tokens.
     window = make_full(B=5, seed=4)[:, :T]
     own = model.generate(window)

@@ -24,6 +24,7 @@ from world_model.models.registry import MODEL_TYPES, build_model, load_model, mo
 from world_model.text.vocab import Vocabulary
 from world_model.training import loop
 from world_model.training import train as train_mod
+from world_model.training.batches import prefix_windows
 from world_model.training.checkpoints import (
     TIMING_KEYS,
     TrainingError,
@@ -579,6 +580,41 @@ def test_the_baseline_trains_and_evaluates_through_the_same_commands(data_dir, t
     assert f"{result['val_last_end_cost']:.4f} for this model" in printed
     last = result["floors"]["last_sentence"]
     assert f"(the tokens the flat baseline is trained on): L_S(4) {last['val_last_ce']:.4f}" in printed
+
+
+def test_prefix_windows_make_every_sentence_a_target_behind_only_the_ones_before_it():
+    from world_model.models.baseline import BaselineModel
+    from world_model.models.baseline_config import BaselineConfig
+
+    windows = torch.randint(2, 30, (3, 5, 4))
+    windows[:, :, 3] = 0  # one padding slot per sentence
+    expanded = prefix_windows(windows)
+    assert expanded.shape == (12, 5, 4)
+    model = BaselineModel(BaselineConfig(content_vocab_size=30, d_x=4, d_t=2, n_heads=2, n_layers=1, n_tokens=4))
+    packed = model.pack(expanded)
+    bos, eos = model.config.bos_id, model.config.eos_id
+    for s in range(3):
+        for t in range(1, 5):
+            row = s * 4 + t - 1
+            live = windows[s, :t, :3].reshape(-1)
+            assert packed.prefix[row, : packed.prefix_len[row]].tolist() == [bos, *live.tolist()]
+            assert packed.gold[row, : packed.gold_len[row]].tolist() == [*windows[s, t, :3].tolist(), eos]
+    assert torch.equal(expanded[3::4], windows)  # t = T is the stored window itself
+
+
+def test_baseline_trains_on_every_target_sentence_and_validates_on_the_last(data_dir, tmp_path):
+    config = copy.deepcopy(TINY)
+    config["model"] = {"type": "baseline", "d_x": 4, "d_t": 2, "n_heads": 2, "n_layers": 1, "dropout": 0.1}
+    config["training"].update(max_epochs=1, target_sentences="all")
+    summary = train(config, data_dir, tmp_path / "all", progress=False)
+    config["training"]["target_sentences"] = "last"
+    last = train(config, data_dir, tmp_path / "last", progress=False)
+    assert summary["train_windows"] == 4 * last["train_windows"] == 4 * 40
+    assert summary["validation_windows"] == last["validation_windows"] == 10
+    with pytest.raises(ConfigError, match="target_sentences 'all' is for the flat baseline"):
+        validate_config({"model": {"type": "four_tensor"}, "training": {"target_sentences": "all"}})
+    with pytest.raises(ConfigError, match="training.target_sentences must be 'last' or 'all'"):
+        TrainingConfig(target_sentences="first")
 
 
 @pytest.mark.parametrize(

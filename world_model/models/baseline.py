@@ -348,9 +348,10 @@ class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):
         logits, tokens = self.decode(packed.prefix, packed.prefix_len, packed.gold.shape[1], use_cache=use_cache)
         return FreeRun(packed, logits, tokens)
 
-    def teacher_forced_last_ce(self, token_ids_full: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A stored window (B, T+1, N) -> (summed cross-entropy (), count ()) of S(T)'s content tokens, each
-        given the prefix and the gold tokens before it ([EOS] not scored).
+    def teacher_forced_ce(self, token_ids_full: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A stored window (B, T+1, N) -> (cross-entropy (B, G), content (B, G)): at step k, the cross-entropy of
+        gold token k of S(T) given the prefix and the gold tokens before it (0 where it is not scored), and the
+        mask of the scored steps, S(T)'s content tokens ([EOS] not scored).
 
         Not the paper's number: section 8.2 scores the baseline free-running (`training_step`). This is the
         diagnostic of how well a model trained on its own argmax history reads gold text; where gold S(T) is the
@@ -366,9 +367,15 @@ class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):
         )
         H = self.encode(seq)  # (B, L, d)
         pos = (p.prefix_len[:, None] - 1 + steps).clamp(max=seq.shape[1] - 1)  # (B, G) the state predicting gold k
-        h = H.gather(1, pos[..., None].expand(-1, -1, H.shape[-1]))[content]  # (K, d)
-        ce = F.cross_entropy(F.linear(h, self.E.weight), p.gold[content], reduction="sum")
-        return ce, content.sum()
+        h = H.gather(1, pos[..., None].expand(-1, -1, H.shape[-1]))  # (B, G, d)
+        ce = F.cross_entropy(F.linear(h, self.E.weight).transpose(1, 2), p.gold, reduction="none")  # (B, G)
+        return torch.where(content, ce, 0.0), content
+
+    def teacher_forced_last_ce(self, token_ids_full: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A stored window (B, T+1, N) -> (summed cross-entropy (), count ()) of S(T)'s content tokens, each
+        given the prefix and the gold tokens before it (`teacher_forced_ce`)."""
+        ce, content = self.teacher_forced_ce(token_ids_full)
+        return ce.sum(), content.sum()
 
     @torch.no_grad()
     def last_end_cost(self, token_ids_full: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -45,6 +45,20 @@ def load_training_windows(
     return vocab, stats, encode_windows(train_stories, vocab, n_tokens), encode_windows(validation, vocab, n_tokens)
 
 
+def prefix_windows(windows: torch.Tensor, padding_idx: int = 0) -> torch.Tensor:
+    """Windows (S, T+1, N) -> (S T, T+1, N): for each window s and t = 1..T (rows s T + t - 1) the window whose last
+    sentence is S(t) and whose input is S(0..t-1), right-aligned behind T - t empty (all-padding) sentences.
+
+    A flat baseline packs only the live tokens of its input sentences, so on these windows it writes S(t) behind
+    [BOS] + S(0..t-1): every sentence after the first becomes a target, with only the sentences before it as input.
+    """
+    S, T1, N = windows.shape
+    out = windows.new_full((S, T1 - 1, T1, N), padding_idx)  # (S, t - 1, T+1, N)
+    for t in range(1, T1):
+        out[:, t - 1, T1 - 1 - t :] = windows[:, : t + 1]
+    return out.reshape(S * (T1 - 1), T1, N)
+
+
 class WindowDataset(Dataset):
     """Stored windows (S, T+1, N); a list of indices is fetched as one tensor."""
 

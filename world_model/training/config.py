@@ -2,7 +2,8 @@
 
     model:    {type, and the fields of the type's config class except vocab_size / padding_idx}
     training: the fields of TrainingConfig {lr, weight_decay, batch_size, max_epochs, patience, tolerance, seed,
-              eval_batch_size, precision, lr_schedule, warmup_steps, schedule_epochs, final_lr_fraction}
+              eval_batch_size, precision, lr_schedule, warmup_steps, schedule_epochs, final_lr_fraction,
+              holdout_stories, target_sentences}
 
 ``validate_config`` (``load_config`` for a file) checks every key, type and range of both sections against their
 dataclasses and returns the normalised config dict with every default filled in, so two files that mean the same
@@ -63,7 +64,11 @@ class TrainingConfig:
     `warmup_steps`, times a cosine from lr down to `final_lr_fraction` * lr over `schedule_epochs` epochs, 0 meaning
     max_epochs; the rate stays at its floor afterwards; see world_model.training.schedule), and `holdout_stories`:
     K > 0 validates on the last K training stories instead of the cloze stories and trains on the others, so that
-    settings can be chosen without looking at the validation split (`world_model.benchmark.sweep`)."""
+    settings can be chosen without looking at the validation split (`world_model.benchmark.sweep`), and
+    `target_sentences` (flat baseline only): "last" (section 7.4: a loss on S(T) alone) or "all", which trains on
+    every sentence S(1..T) of a window, each written free-running behind the sentences before it
+    (`world_model.training.batches.prefix_windows`), so the baseline gets a loss on the same target sentences as the
+    4-tensor model; validation and the reported scores stay on S(T)."""
 
     lr: float = 3e-4
     weight_decay: float = 0.01
@@ -81,6 +86,7 @@ class TrainingConfig:
     holdout_stories: int = (
         0  # 0: validate on the cloze stories; K: on the last K training stories (trained on the rest)
     )
+    target_sentences: str = "last"  # "last": S(T) only (section 7.4); "all": S(1..T), flat baseline only
 
     def __post_init__(self) -> None:
         """Coerce every field to its type (an int or a numeric string is a float) and check its range: a ConfigError
@@ -103,6 +109,7 @@ class TrainingConfig:
             "schedule_epochs": (self.schedule_epochs >= 0, ">= 0 (0: max_epochs)"),
             "final_lr_fraction": (0 <= self.final_lr_fraction <= 1, "in [0, 1]"),
             "holdout_stories": (self.holdout_stories >= 0, ">= 0 (0: validate on the cloze stories)"),
+            "target_sentences": (self.target_sentences in ("last", "all"), "'last' or 'all'"),
         }
         for name, (holds, wants) in allowed.items():
             if not holds:
@@ -181,6 +188,11 @@ def validate_config(config: Any, source: str = "config") -> dict:
         training = TrainingConfig.from_dict(_section(config, "training", source)).to_dict()
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
+    if training["target_sentences"] == "all" and model["type"] != "baseline":
+        raise ConfigError(
+            f"{source}: training.target_sentences 'all' is for the flat baseline; a {model['type']!r} model already "
+            "receives a loss on every target sentence of a window"
+        )
     return copy.deepcopy({"model": model, "training": training})
 
 

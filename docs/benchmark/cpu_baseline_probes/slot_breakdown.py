@@ -1,5 +1,10 @@
 """Per-slot and per-context-length breakdown of a baseline checkpoint against the count floors.
-Floors fitted on the first 18,000 training stories (the probe's training stories); held-out = last 2,000."""
+Floors fitted on the first 18,000 training stories (the probe's training stories); held-out = last 2,000.
+
+Beside the free-running cross-entropy of each S(4) token (the paper's number) it gives the teacher-forced one (gold
+tokens before it on the input side, `BaselineModel.teacher_forced_ce`), on the last token of S(4) and on the others,
+and the last token's free-running cross-entropy by where the model's own greedy sentence ended ([EOS] argmax) against
+the gold one: before it, at it, or later."""
 
 import json
 import sys
@@ -40,7 +45,8 @@ sets = {
 floors = select_floors(W_tr, len(vocab))["floors"]
 out = {}
 for name, W in sets.items():
-    ce_model = torch.zeros(W.shape[0], 16)
+    ce_model, ce_forced = torch.zeros(W.shape[0], 16), torch.zeros(W.shape[0], 16)
+    own_end = torch.zeros(W.shape[0], dtype=torch.long)  # first step whose argmax is [EOS] (G if none)
     with torch.no_grad():
         for i in range(0, len(W), 128):
             run = model.free_run(W[i : i + 128])
@@ -48,6 +54,9 @@ for name, W in sets.items():
             lp = torch.log_softmax(run.logits.float(), -1).gather(-1, run.packed.gold[..., None])[..., 0]
             G = content.shape[1]
             ce_model[i : i + 128, : min(G, 16)] = torch.where(content, -lp, 0.0)[:, :16]
+            ce_forced[i : i + 128, : min(G, 16)] = model.teacher_forced_ce(W[i : i + 128])[0][:, :16].float()
+            ended = run.tokens == model.config.eos_id
+            own_end[i : i + 128] = torch.where(ended.any(1), ended.float().argmax(1), G)
     target = W[:, 4]
     live = target != 0
     ctx_len = (W[:, :4] != 0).sum((1, 2))
@@ -58,6 +67,28 @@ for name, W in sets.items():
         fl[fname] = -f.token_log_probs(W[:, :4], target).float()
         res[fname] = fl[fname][live].mean().item()
     # per slot
+    last = torch.zeros_like(live)
+    last[torch.arange(len(W)), s4_len - 1] = True  # the last live slot of S(4) (its "." in most stories)
+    for key, m in (("last_token", last & live), ("other_tokens", live & ~last)):
+        res[key] = {
+            "tokens": int(m.sum()),
+            "free_running": round(ce_model[m].mean().item(), 3),
+            "teacher_forced": round(ce_forced[m].mean().item(), 3),
+            "position_unigram": round(fl["position_unigram"][m].mean().item(), 3),
+        }
+    res["teacher_forced"] = ce_forced[live].mean().item()
+    gold_end = s4_len  # the gold [EOS] step
+    res["last_token_by_own_end"] = {}
+    for key, m in (
+        ("own_ends_sooner", own_end < gold_end),
+        ("own_ends_with_gold", own_end == gold_end),
+        ("own_ends_later", own_end > gold_end),
+    ):
+        res["last_token_by_own_end"][key] = {
+            "stories": int(m.sum()),
+            "free_running": round(ce_model[last & live & m[:, None]].mean().item(), 3),
+            "position_unigram": round(fl["position_unigram"][last & live & m[:, None]].mean().item(), 3),
+        }
     res["by_slot"] = []
     for k in range(12):
         m = live[:, k]
