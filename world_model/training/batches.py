@@ -16,7 +16,7 @@ from torch.utils.data import Dataset, Sampler
 
 from world_model.data.rocstories import DataError, build_vocabulary, corpus_statistics, encode_windows, load_corpus
 from world_model.data.synthetic.sentences import data_kind, load_world_windows
-from world_model.text.vocab import Vocabulary
+from world_model.text.vocab import PAD_ID, Vocabulary
 
 
 def derived_seed(*parts: Any) -> int:
@@ -45,7 +45,7 @@ def load_training_windows(
     return vocab, stats, encode_windows(train_stories, vocab, n_tokens), encode_windows(validation, vocab, n_tokens)
 
 
-def prefix_windows(windows: torch.Tensor, padding_idx: int = 0) -> torch.Tensor:
+def prefix_windows(windows: torch.Tensor, padding_idx: int = PAD_ID) -> torch.Tensor:
     """Windows (S, T+1, N) -> (S T, T+1, N): for each window s and t = 1..T (rows s T + t - 1) the window whose last
     sentence is S(t) and whose input is S(0..t-1), right-aligned behind T - t empty (all-padding) sentences.
 

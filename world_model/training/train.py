@@ -36,7 +36,7 @@ from world_model.data.rocstories import DataError
 from world_model.data.synthetic.sentences import data_kind, known_sentences
 from world_model.models.checkpoint import CheckpointError
 from world_model.models.registry import build_model, count_parameters, model_vocab_size
-from world_model.text.vocab import PAD_ID, Vocabulary
+from world_model.text.vocab import Vocabulary
 from world_model.training import checkpoints
 from world_model.training.batches import load_training_windows, prefix_windows
 from world_model.training.checkpoints import LAST_DIR, TIMING_KEYS, Resumed, TrainingError
@@ -242,7 +242,7 @@ def train(
     state_dir = checkpoints.check_run_folder(out, run_record, resume)
     data = TrainingData.load(data_dir, mc, train_subset, tc.holdout_stories)  # DataError before any training
     if tc.target_sentences == "all":  # every sentence S(1..T) a target behind the ones before it (flat baseline)
-        data.train_windows = prefix_windows(data.train_windows, PAD_ID)
+        data.train_windows = prefix_windows(data.train_windows)
 
     from accelerate.utils import set_seed
 

@@ -66,7 +66,6 @@ for name, W in sets.items():
     for fname, f in floors.items():
         fl[fname] = -f.token_log_probs(W[:, :4], target).float()
         res[fname] = fl[fname][live].mean().item()
-    # per slot
     last = torch.zeros_like(live)
     last[torch.arange(len(W)), s4_len - 1] = True  # the last live slot of S(4) (its "." in most stories)
     for key, m in (("last_token", last & live), ("other_tokens", live & ~last)):
@@ -77,19 +76,19 @@ for name, W in sets.items():
             "position_unigram": round(fl["position_unigram"][m].mean().item(), 3),
         }
     res["teacher_forced"] = ce_forced[live].mean().item()
-    gold_end = s4_len  # the gold [EOS] step
     res["last_token_by_own_end"] = {}
-    for key, m in (
-        ("own_ends_sooner", own_end < gold_end),
-        ("own_ends_with_gold", own_end == gold_end),
-        ("own_ends_later", own_end > gold_end),
+    for key, ends in (  # s4_len is the step of the gold [EOS]
+        ("own_ends_sooner", own_end < s4_len),
+        ("own_ends_with_gold", own_end == s4_len),
+        ("own_ends_later", own_end > s4_len),
     ):
+        m = last & live & ends[:, None]
         res["last_token_by_own_end"][key] = {
-            "stories": int(m.sum()),
-            "free_running": round(ce_model[last & live & m[:, None]].mean().item(), 3),
-            "position_unigram": round(fl["position_unigram"][last & live & m[:, None]].mean().item(), 3),
+            "stories": int(ends.sum()),
+            "free_running": round(ce_model[m].mean().item(), 3),
+            "position_unigram": round(fl["position_unigram"][m].mean().item(), 3),
         }
-    res["by_slot"] = []
+    res["by_slot"] = []  # per slot
     for k in range(12):
         m = live[:, k]
         res["by_slot"].append(
