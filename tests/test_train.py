@@ -617,6 +617,23 @@ def test_baseline_trains_on_every_target_sentence_and_validates_on_the_last(data
         TrainingConfig(target_sentences="first")
 
 
+def test_adam_eps_reaches_the_optimizer_and_changes_the_run(data_dir, tmp_path):
+    config = copy.deepcopy(TINY)
+    config["training"]["max_epochs"] = 1
+    train(config, data_dir, tmp_path / "default", progress=False)
+    config["training"]["adam_eps"] = "1e-2"  # a numeric string, as PyYAML reads 1e-2
+    train(config, data_dir, tmp_path / "eps", progress=False)
+    groups = [
+        json.loads((tmp_path / run / "last" / "optimizer.json").read_text())["param_groups"]
+        for run in ("eps", "default")
+    ]
+    assert {g["eps"] for g in groups[0]} == {1e-2} and {g["eps"] for g in groups[1]} == {1e-8}
+    weights = [load_file(tmp_path / run / "last" / "model" / "model.safetensors") for run in ("eps", "default")]
+    assert any(not torch.equal(weights[0][k], weights[1][k]) for k in weights[1])
+    with pytest.raises(ConfigError, match=r"training.adam_eps must be > 0, got 0.0"):
+        TrainingConfig(adam_eps=0)
+
+
 @pytest.mark.parametrize(
     "preset, four_tensor_millions, baseline_millions",
     [("paper_h2_l2", 122.2, 175.9), ("paper_h4_l2", 172.5, 175.9), ("paper_h4_l3", 256.4, 226.2)],

@@ -68,7 +68,8 @@ class TrainingConfig:
     `target_sentences` (flat baseline only): "last" (section 7.4: a loss on S(T) alone) or "all", which trains on
     every sentence S(1..T) of a window, each written free-running behind the sentences before it
     (`world_model.training.batches.prefix_windows`), so the baseline gets a loss on the same target sentences as the
-    4-tensor model; validation and the reported scores stay on S(T)."""
+    4-tensor model; validation and the reported scores stay on S(T). `adam_eps` is AdamW's epsilon, the floor under
+    the root-mean-square gradient that scales each update (default torch's 1e-8)."""
 
     lr: float = 3e-4
     weight_decay: float = 0.01
@@ -87,6 +88,7 @@ class TrainingConfig:
         0  # 0: validate on the cloze stories; K: on the last K training stories (trained on the rest)
     )
     target_sentences: str = "last"  # "last": S(T) only (section 7.4); "all": S(1..T), flat baseline only
+    adam_eps: float = 1e-8  # AdamW's epsilon (torch's default)
 
     def __post_init__(self) -> None:
         """Coerce every field to its type (an int or a numeric string is a float) and check its range: a ConfigError
@@ -110,6 +112,7 @@ class TrainingConfig:
             "final_lr_fraction": (0 <= self.final_lr_fraction <= 1, "in [0, 1]"),
             "holdout_stories": (self.holdout_stories >= 0, ">= 0 (0: validate on the cloze stories)"),
             "target_sentences": (self.target_sentences in ("last", "all"), "'last' or 'all'"),
+            "adam_eps": (self.adam_eps > 0, "> 0"),
         }
         for name, (holds, wants) in allowed.items():
             if not holds:

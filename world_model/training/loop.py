@@ -147,7 +147,9 @@ def prepare(
 ) -> Trainer:
     """AdamW on `model`, and the batches of this process (sharded here, not by accelerator.prepare: see
     ProcessBatches; batches are moved to the device in `run_epoch`)."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.lr, weight_decay=config.weight_decay, eps=config.adam_eps
+    )
     sampler = EpochOrderSampler(len(train_windows), config.seed)
     batches = ProcessBatches(sampler, config.batch_size, accelerator.num_processes, accelerator.process_index)
     loader = DataLoader(WindowDataset(train_windows), collate_fn=stack_batch, batch_sampler=batches)

@@ -1,0 +1,91 @@
+"""Where a checkpoint's cloze L_S(4) gap to the position-unigram floor sits, by how the training windows saw each token.
+
+Usage: python tail_breakdown.py CHECKPOINT DATA_DIR HOLDOUT OUT.json
+HOLDOUT is the number of last training stories the checkpoint was not trained on (0 for a benchmark run); the floor is
+fitted on the same training stories as the model (`select_floors`). The cloze S(4) tokens are grouped by their counts
+in those training windows: never seen; seen only in S(0) (a target of neither model); a target of the 4-tensor model
+(S(1..3)) but never in S(4), the baseline's only target sentence; in S(4) 1-4 times; 5 times or more. For each group:
+its share of the tokens, the model's and the floor's mean cross-entropy, and its share of the gap (model - floor,
+summed over the group's tokens and divided by all tokens, so the groups add up to the whole gap). The model's
+cross-entropy is the paper's number: free-running for the flat baseline, the last slice's for the 4-tensor model.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from world_model.data.rocstories import encode_windows, load_corpus
+from world_model.evaluation.evaluate import encode_stories, load_validation_stories
+from world_model.evaluation.floors import select_floors
+from world_model.models.baseline import BaselineModel, gold_steps
+from world_model.models.registry import load_model
+from world_model.text.vocab import PAD_ID, Vocabulary
+
+
+@torch.no_grad()
+def token_ce(model, windows: torch.Tensor, batch: int = 128) -> torch.Tensor:
+    """(S, N) cross-entropy of every S(4) token of `windows` (S, 5, N), 0 at padding."""
+    out = torch.zeros(windows.shape[0], windows.shape[2])
+    for i in range(0, len(windows), batch):
+        w = windows[i : i + batch]
+        if isinstance(model, BaselineModel):
+            run = model.free_run(w)
+            _, content = gold_steps(run.packed, model.config.eos_id)  # content tokens of S(4), in order
+            lp = torch.log_softmax(run.logits.float(), -1).gather(-1, run.packed.gold[..., None])[..., 0]
+            n = min(content.shape[1], w.shape[2])
+            out[i : i + batch, :n] = torch.where(content, -lp, 0.0)[:, :n]
+        else:
+            lp = torch.log_softmax(model.last_slice_logits(w[:, :4]).float(), -1)  # (B, N, V)
+            out[i : i + batch] = -lp.gather(-1, w[:, 4, :, None])[..., 0]
+    return torch.where(windows[:, 4] != PAD_ID, out, 0.0)
+
+
+ckpt, data, holdout, out_path = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
+model = load_model(ckpt, device="cpu").eval()
+vocab = Vocabulary.load(Path(ckpt))
+train, _ = load_corpus(data).split(holdout)
+W_tr = encode_windows(train, vocab, 16)
+W = encode_stories(load_validation_stories(data), vocab, 16)[0]
+target = W[:, 4]
+live = target != PAD_ID
+ce_model = token_ce(model, W)
+floor = select_floors(W_tr, len(vocab))["floors"]["position_unigram"]
+ce_floor = -floor.token_log_probs(W[:, :4], target).float()
+
+
+def counts(sentences: torch.Tensor) -> torch.Tensor:
+    """How often each S(4) target id of the cloze windows occurs in the given training sentences."""
+    return torch.bincount(sentences.flatten(), minlength=len(vocab))[target]
+
+
+anywhere, targets_4t, last = counts(W_tr), counts(W_tr[:, 1:]), counts(W_tr[:, 4])
+groups = {
+    "never in training": anywhere == 0,
+    "only in S(0)": (anywhere > 0) & (targets_4t == 0),
+    "in S(1..3), never in S(4)": (targets_4t > 0) & (last == 0),
+    "in S(4) 1-4 times": (last >= 1) & (last < 5),
+    "in S(4) 5+ times": last >= 5,
+}
+n = int(live.sum())
+result = {
+    "checkpoint": ckpt,
+    "model_type": type(model).__name__,
+    "train_stories": len(train),
+    "cloze_tokens": n,
+    "model_last_ce": round(ce_model[live].mean().item(), 4),
+    "floor_last_ce": round(ce_floor[live].mean().item(), 4),
+    "floor_alpha": floor.alpha,
+    "groups": {},
+}
+for name, mask in groups.items():
+    m = mask & live
+    result["groups"][name] = {
+        "share": round(int(m.sum()) / n, 4),
+        "model_ce": round(ce_model[m].mean().item(), 3),
+        "floor_ce": round(ce_floor[m].mean().item(), 3),
+        "gap_share": round((ce_model[m] - ce_floor[m]).sum().item() / n, 4),
+    }
+out_path.write_text(json.dumps(result, indent=2) + "\n")
+print(json.dumps(result, indent=2))
