@@ -3,7 +3,7 @@
     model:    {type, and the fields of the type's config class except vocab_size / padding_idx}
     training: the fields of TrainingConfig {lr, weight_decay, batch_size, max_epochs, patience, tolerance, seed,
               eval_batch_size, precision, lr_schedule, warmup_steps, schedule_epochs, final_lr_fraction,
-              holdout_stories, target_sentences}
+              holdout_stories, target_sentences, adam_eps}
 
 ``validate_config`` (``load_config`` for a file) checks every key, type and range of both sections against their
 dataclasses and returns the normalised config dict with every default filled in, so two files that mean the same
