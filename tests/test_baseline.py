@@ -253,6 +253,21 @@ def test_selection_and_content_reductions_differ_by_the_eos_tokens():
     assert stats.loss.requires_grad and not stats.window_ce_sum.requires_grad
 
 
+def test_label_smoothing_changes_only_the_loss_to_gold_mixed_with_a_uniform_guess():
+    model = make_model(scale=0.5)
+    full = make_full(B=4, seed=8)
+    plain, smooth = model.training_step(full), model.training_step(full, label_smoothing=0.2)
+    run = model.free_run(full)
+    log_q = torch.log_softmax(run.logits, -1)  # (B, G, V)
+    steps = torch.arange(run.packed.gold.shape[1])[None, :] < run.packed.gold_len[:, None]  # active (b, k)
+    gold_term = -log_q.gather(-1, run.packed.gold[..., None])[..., 0][steps]  # (K,)
+    uniform_term = -log_q.mean(-1)[steps]  # the cross-entropy against a uniform target, (K,)
+    torch.testing.assert_close(smooth.loss, (0.8 * gold_term + 0.2 * uniform_term).mean())
+    torch.testing.assert_close(plain.loss, gold_term.mean())
+    for key in ("window_ce_sum", "window_tokens", "last_ce_sum", "last_correct", "last_tokens"):
+        torch.testing.assert_close(getattr(smooth, key), getattr(plain, key))  # the reported numbers stay plain
+
+
 def test_aligned_accuracy_counts_nothing_after_an_early_eos():
     tokens = torch.tensor([[4, 5, EOS, 7, 8, 9], [4, 6, 6, 7, 2, 2]])
     gold = torch.tensor([[4, 5, 6, 7, 8, EOS], [4, 5, 6, EOS, 0, 0]])

@@ -634,6 +634,21 @@ def test_adam_eps_reaches_the_optimizer_and_changes_the_run(data_dir, tmp_path):
         TrainingConfig(adam_eps=0)
 
 
+def test_label_smoothing_reaches_the_baseline_loss_and_is_refused_elsewhere(data_dir, tmp_path):
+    config = copy.deepcopy(TINY)
+    config["model"] = {"type": "baseline", "d_x": 4, "d_t": 2, "n_heads": 2, "n_layers": 1, "dropout": 0.1}
+    config["training"]["max_epochs"] = 1
+    train(config, data_dir, tmp_path / "plain", progress=False)
+    config["training"]["label_smoothing"] = 0.3
+    train(config, data_dir, tmp_path / "smooth", progress=False)
+    weights = [load_file(tmp_path / run / "last" / "model" / "model.safetensors") for run in ("smooth", "plain")]
+    assert any(not torch.equal(weights[0][k], weights[1][k]) for k in weights[1])
+    with pytest.raises(ConfigError, match="label_smoothing is for the flat baseline"):
+        validate_config({"model": {"type": "four_tensor"}, "training": {"label_smoothing": 0.1}})
+    with pytest.raises(ConfigError, match=r"training.label_smoothing must be in \[0, 1\), got 1.0"):
+        TrainingConfig(label_smoothing=1)
+
+
 @pytest.mark.parametrize(
     "preset, four_tensor_millions, baseline_millions",
     [("paper_h2_l2", 122.2, 175.9), ("paper_h4_l2", 172.5, 175.9), ("paper_h4_l3", 256.4, 226.2)],

@@ -392,12 +392,16 @@ class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):
         rest = logits.index_fill(-1, torch.tensor([self.config.eos_id], device=logits.device), float("-inf"))
         return (logits.logsumexp(-1) - rest.logsumexp(-1)).sum(), content.sum()  # -log(1 - p([EOS])) per token
 
-    def training_step(self, token_ids_full: torch.Tensor, use_cache: bool = True) -> StepStats:
+    def training_step(
+        self, token_ids_full: torch.Tensor, use_cache: bool = True, label_smoothing: float = 0.0
+    ) -> StepStats:
         """A stored window (B, T+1, N) -> the free-running selection loss and the statistics on S(T).
 
         Row b is active for steps k < gold_len[b]. `loss` and window_* cover every gold token of the active
         steps, [EOS] included; last_* cover only the content tokens of S(T), the non-padding slots the
-        4-tensor last slice is scored on. last_correct follows `aligned_correct`.
+        4-tensor last slice is scored on. last_correct follows `aligned_correct`. A `label_smoothing` e > 0
+        (not in the paper; training.label_smoothing) makes `loss` the cross-entropy against (1 - e) gold + e
+        uniform over the vocabulary; the statistics stay the plain cross-entropy.
         """
         run = self.free_run(token_ids_full, use_cache)
         gold = run.packed.gold
@@ -405,8 +409,14 @@ class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):
         ce = F.cross_entropy(run.logits[active], gold[active], reduction="none")  # (K,), row-major over (b, k)
         is_content = content[active]  # (K,)
         window_tokens = active.sum()
+        if label_smoothing > 0:
+            loss_sum = F.cross_entropy(
+                run.logits[active], gold[active], reduction="sum", label_smoothing=label_smoothing
+            )
+        else:
+            loss_sum = ce.sum()
         return StepStats(
-            loss=ce.sum() / window_tokens,
+            loss=loss_sum / window_tokens,
             window_ce_sum=ce.sum().detach(),
             window_tokens=window_tokens,
             last_ce_sum=ce[is_content].sum().detach(),

@@ -3,7 +3,7 @@
     model:    {type, and the fields of the type's config class except vocab_size / padding_idx}
     training: the fields of TrainingConfig {lr, weight_decay, batch_size, max_epochs, patience, tolerance, seed,
               eval_batch_size, precision, lr_schedule, warmup_steps, schedule_epochs, final_lr_fraction,
-              holdout_stories, target_sentences, adam_eps}
+              holdout_stories, target_sentences, adam_eps, label_smoothing}
 
 ``validate_config`` (``load_config`` for a file) checks every key, type and range of both sections against their
 dataclasses and returns the normalised config dict with every default filled in, so two files that mean the same
@@ -69,7 +69,10 @@ class TrainingConfig:
     every sentence S(1..T) of a window, each written free-running behind the sentences before it
     (`world_model.training.batches.prefix_windows`), so the baseline gets a loss on the same target sentences as the
     4-tensor model; validation and the reported scores stay on S(T). `adam_eps` is AdamW's epsilon, the floor under
-    the root-mean-square gradient that scales each update (default torch's 1e-8)."""
+    the root-mean-square gradient that scales each update (default torch's 1e-8). `label_smoothing` e (flat
+    baseline only, default 0: the paper's loss) trains against (1 - e) gold + e uniform over the vocabulary, so
+    that words the loss never asks for keep some mass; validation and the reported scores stay the plain
+    cross-entropy."""
 
     lr: float = 3e-4
     weight_decay: float = 0.01
@@ -89,6 +92,7 @@ class TrainingConfig:
     )
     target_sentences: str = "last"  # "last": S(T) only (section 7.4); "all": S(1..T), flat baseline only
     adam_eps: float = 1e-8  # AdamW's epsilon (torch's default)
+    label_smoothing: float = 0.0  # 0: the paper's cross-entropy; e in (0, 1): (1 - e) gold + e uniform, baseline only
 
     def __post_init__(self) -> None:
         """Coerce every field to its type (an int or a numeric string is a float) and check its range: a ConfigError
@@ -113,6 +117,7 @@ class TrainingConfig:
             "holdout_stories": (self.holdout_stories >= 0, ">= 0 (0: validate on the cloze stories)"),
             "target_sentences": (self.target_sentences in ("last", "all"), "'last' or 'all'"),
             "adam_eps": (self.adam_eps > 0, "> 0"),
+            "label_smoothing": (0 <= self.label_smoothing < 1, "in [0, 1)"),
         }
         for name, (holds, wants) in allowed.items():
             if not holds:
@@ -195,6 +200,11 @@ def validate_config(config: Any, source: str = "config") -> dict:
         raise ConfigError(
             f"{source}: training.target_sentences 'all' is for the flat baseline; a {model['type']!r} model already "
             "receives a loss on every target sentence of a window"
+        )
+    if training["label_smoothing"] > 0 and model["type"] != "baseline":
+        raise ConfigError(
+            f"{source}: training.label_smoothing is for the flat baseline; a {model['type']!r} model's fused "
+            "readout cross-entropy does not take it"
         )
     return copy.deepcopy({"model": model, "training": training})
 

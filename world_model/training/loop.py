@@ -107,13 +107,17 @@ def deterministic_algorithms():
 
 # ----- the pieces of a run on one process -----
 class StepModule(nn.Module):
-    """Routes forward() to `model.training_step`, so DistributedDataParallel sees the call that builds the graph."""
+    """Routes forward() to `model.training_step`, so DistributedDataParallel sees the call that builds the graph.
+    A `label_smoothing` above 0 is passed on (the flat baseline's training loss; see TrainingConfig)."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, label_smoothing: float = 0.0):
         super().__init__()
         self.model = model
+        self.label_smoothing = label_smoothing
 
     def forward(self, windows: torch.Tensor):
+        if self.label_smoothing > 0:
+            return self.model.training_step(windows, label_smoothing=self.label_smoothing)
         return self.model.training_step(windows)
 
 
@@ -153,7 +157,7 @@ def prepare(
     sampler = EpochOrderSampler(len(train_windows), config.seed)
     batches = ProcessBatches(sampler, config.batch_size, accelerator.num_processes, accelerator.process_index)
     loader = DataLoader(WindowDataset(train_windows), collate_fn=stack_batch, batch_sampler=batches)
-    step_module, optimizer = accelerator.prepare(StepModule(model), optimizer)
+    step_module, optimizer = accelerator.prepare(StepModule(model, config.label_smoothing), optimizer)
     val_shard = val_windows[accelerator.process_index :: accelerator.num_processes]
     return Trainer(accelerator, config, step_module, optimizer, sampler, loader, train_windows, val_shard)
 

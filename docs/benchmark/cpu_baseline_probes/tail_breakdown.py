@@ -15,32 +15,13 @@ import sys
 from pathlib import Path
 
 import torch
+from probe_tokens import token_ce
 
 from world_model.data.rocstories import encode_windows, load_corpus
 from world_model.evaluation.evaluate import encode_stories, load_validation_stories
 from world_model.evaluation.floors import select_floors
-from world_model.models.baseline import BaselineModel, gold_steps
 from world_model.models.registry import load_model
 from world_model.text.vocab import PAD_ID, Vocabulary
-
-
-@torch.no_grad()
-def token_ce(model, windows: torch.Tensor, batch: int = 128) -> torch.Tensor:
-    """(S, N) cross-entropy of every S(4) token of `windows` (S, 5, N), 0 at padding."""
-    out = torch.zeros(windows.shape[0], windows.shape[2])
-    for i in range(0, len(windows), batch):
-        w = windows[i : i + batch]
-        if isinstance(model, BaselineModel):
-            run = model.free_run(w)
-            _, content = gold_steps(run.packed, model.config.eos_id)  # content tokens of S(4), in order
-            lp = torch.log_softmax(run.logits.float(), -1).gather(-1, run.packed.gold[..., None])[..., 0]
-            n = min(content.shape[1], w.shape[2])
-            out[i : i + batch, :n] = torch.where(content, -lp, 0.0)[:, :n]
-        else:
-            lp = torch.log_softmax(model.last_slice_logits(w[:, :4]).float(), -1)  # (B, N, V)
-            out[i : i + batch] = -lp.gather(-1, w[:, 4, :, None])[..., 0]
-    return torch.where(windows[:, 4] != PAD_ID, out, 0.0)
-
 
 ckpt, data, holdout, out_path = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
 model = load_model(ckpt, device="cpu").eval()
