@@ -406,15 +406,14 @@ class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):
         run = self.free_run(token_ids_full, use_cache)
         gold = run.packed.gold
         active, content = gold_steps(run.packed, self.config.eos_id)
-        ce = F.cross_entropy(run.logits[active], gold[active], reduction="none")  # (K,), row-major over (b, k)
+        logits = run.logits[active]  # (K, V), row-major over (b, k)
+        ce = F.cross_entropy(logits, gold[active], reduction="none")  # (K,)
         is_content = content[active]  # (K,)
         window_tokens = active.sum()
-        if label_smoothing > 0:
-            loss_sum = F.cross_entropy(
-                run.logits[active], gold[active], reduction="sum", label_smoothing=label_smoothing
-            )
-        else:
-            loss_sum = ce.sum()
+        loss_sum = ce.sum()
+        if label_smoothing > 0:  # the cross-entropy against a uniform target is logsumexp - mean of the logits
+            uniform = (logits.logsumexp(-1) - logits.mean(-1)).sum()
+            loss_sum = (1 - label_smoothing) * loss_sum + label_smoothing * uniform
         return StepStats(
             loss=loss_sum / window_tokens,
             window_ce_sum=ce.sum().detach(),

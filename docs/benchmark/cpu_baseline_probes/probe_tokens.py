@@ -1,9 +1,41 @@
-"""The paper's per-token L_S(4) cross-entropy of a checkpoint, token by token, shared by the probe scripts."""
+"""What the probe scripts share: a checkpoint with its windows and floors, and its per-token L_S(4) cross-entropy."""
+
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from world_model.data.rocstories import encode_windows, load_corpus
+from world_model.evaluation.evaluate import encode_stories, load_validation_stories
+from world_model.evaluation.floors import select_floors
 from world_model.models.baseline import BaselineModel, gold_steps
-from world_model.text.vocab import PAD_ID
+from world_model.models.registry import load_model
+from world_model.text.vocab import PAD_ID, Vocabulary
+
+
+@dataclass
+class Probe:
+    """A checkpoint (eval mode) trained on all but the last `holdout` training stories, with its vocabulary, the
+    training stories it saw and their windows (S, 5, N), the windows to score (S, 5, N) by name ("cloze", and
+    "heldout" when holdout > 0), and the count floors fitted on its training windows (`select_floors`)."""
+
+    model: torch.nn.Module
+    vocab: Vocabulary
+    train_stories: int
+    train_windows: torch.Tensor
+    windows: dict
+    floors: dict
+
+    @classmethod
+    def load(cls, checkpoint: str, data_dir: str, holdout: int) -> "Probe":
+        vocab = Vocabulary.load(Path(checkpoint))
+        train, held = load_corpus(data_dir).split(holdout)
+        train_windows = encode_windows(train, vocab, 16)
+        windows = {"heldout": encode_windows(held, vocab, 16)} if holdout > 0 else {}
+        windows["cloze"] = encode_stories(load_validation_stories(data_dir), vocab, 16)[0]
+        floors = select_floors(train_windows, len(vocab))["floors"]
+        model = load_model(checkpoint, device="cpu").eval()
+        return cls(model, vocab, len(train), train_windows, windows, floors)
 
 
 @torch.no_grad()

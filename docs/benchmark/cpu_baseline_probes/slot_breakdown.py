@@ -11,13 +11,9 @@ import sys
 from pathlib import Path
 
 import torch
+from probe_tokens import Probe
 
-from world_model.data.rocstories import encode_windows, load_corpus
-from world_model.evaluation.evaluate import encode_stories, load_validation_stories
-from world_model.evaluation.floors import select_floors
 from world_model.models.baseline import gold_steps
-from world_model.models.registry import load_model
-from world_model.text.vocab import Vocabulary
 
 
 def by_length(ce_model, ce_floor, live, lengths, edges):
@@ -34,15 +30,8 @@ def by_length(ce_model, ce_floor, live, lengths, edges):
 
 ckpt, data = sys.argv[1], sys.argv[2]
 torch.set_num_threads(1)
-model = load_model(ckpt, device="cpu").eval()
-vocab = Vocabulary.load(Path(ckpt))
-train, held = load_corpus(data).split(2000)
-W_tr = encode_windows(train, vocab, 16)
-sets = {
-    "heldout": encode_windows(held, vocab, 16),
-    "cloze": encode_stories(load_validation_stories(data), vocab, 16)[0],
-}
-floors = select_floors(W_tr, len(vocab))["floors"]
+probe = Probe.load(ckpt, data, 2000)
+model, sets, floors = probe.model, probe.windows, probe.floors
 out = {}
 for name, W in sets.items():
     ce_model, ce_forced = torch.zeros(W.shape[0], 16), torch.zeros(W.shape[0], 16)

@@ -16,13 +16,9 @@ import sys
 from pathlib import Path
 
 import torch
-from probe_tokens import token_ce
+from probe_tokens import Probe, token_ce
 
-from world_model.data.rocstories import encode_windows, load_corpus
-from world_model.evaluation.evaluate import encode_stories, load_validation_stories
-from world_model.evaluation.floors import select_floors
-from world_model.models.registry import load_model
-from world_model.text.vocab import PAD_ID, Vocabulary
+from world_model.text.vocab import PAD_ID
 
 WEIGHTS = (0.0, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5)
 
@@ -36,23 +32,22 @@ def mixed_ce(log_p: torch.Tensor, log_f: torch.Tensor, w: float) -> float:
 
 ckpt, data, holdout, out_path = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
 torch.set_num_threads(1)
-model = load_model(ckpt, device="cpu").eval()
-vocab = Vocabulary.load(Path(ckpt))
-train, held = load_corpus(data).split(holdout)
-W_tr = encode_windows(train, vocab, 16)
-sets = {
-    "heldout": encode_windows(held, vocab, 16),
-    "cloze": encode_stories(load_validation_stories(data), vocab, 16)[0],
-}
-floors = select_floors(W_tr, len(vocab))["floors"]
+probe = Probe.load(ckpt, data, holdout)
+sets, floors = probe.windows, probe.floors
 log_p, log_f = {}, {}
 for name, W in sets.items():
     live = W[:, 4] != PAD_ID
-    log_p[name] = -token_ce(model, W)[live]
-    log_f[name] = {"uniform": torch.full_like(log_p[name], -math.log(len(vocab)))}
+    log_p[name] = -token_ce(probe.model, W)[live]
+    log_f[name] = {"uniform": torch.full_like(log_p[name], -math.log(len(probe.vocab)))}
     for fname, f in floors.items():
         log_f[name][fname] = f.token_log_probs(W[:, :4], W[:, 4]).float()[live]
-result = {"checkpoint": ckpt, "train_stories": len(train), "heldout_stories": len(held), "model": {}, "mixtures": {}}
+result = {
+    "checkpoint": ckpt,
+    "train_stories": probe.train_stories,
+    "heldout_stories": holdout,
+    "model": {},
+    "mixtures": {},
+}
 for name in sets:
     result["model"][name] = round(-log_p[name].mean().item(), 4)
 for partner in log_f["heldout"]:

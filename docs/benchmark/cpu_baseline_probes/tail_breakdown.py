@@ -15,24 +15,17 @@ import sys
 from pathlib import Path
 
 import torch
-from probe_tokens import token_ce
+from probe_tokens import Probe, token_ce
 
-from world_model.data.rocstories import encode_windows, load_corpus
-from world_model.evaluation.evaluate import encode_stories, load_validation_stories
-from world_model.evaluation.floors import select_floors
-from world_model.models.registry import load_model
-from world_model.text.vocab import PAD_ID, Vocabulary
+from world_model.text.vocab import PAD_ID
 
 ckpt, data, holdout, out_path = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
-model = load_model(ckpt, device="cpu").eval()
-vocab = Vocabulary.load(Path(ckpt))
-train, _ = load_corpus(data).split(holdout)
-W_tr = encode_windows(train, vocab, 16)
-W = encode_stories(load_validation_stories(data), vocab, 16)[0]
+probe = Probe.load(ckpt, data, holdout)
+model, vocab, W_tr, W = probe.model, probe.vocab, probe.train_windows, probe.windows["cloze"]
 target = W[:, 4]
 live = target != PAD_ID
 ce_model = token_ce(model, W)
-floor = select_floors(W_tr, len(vocab))["floors"]["position_unigram"]
+floor = probe.floors["position_unigram"]
 ce_floor = -floor.token_log_probs(W[:, :4], target).float()
 
 
@@ -53,7 +46,7 @@ n = int(live.sum())
 result = {
     "checkpoint": ckpt,
     "model_type": type(model).__name__,
-    "train_stories": len(train),
+    "train_stories": probe.train_stories,
     "cloze_tokens": n,
     "model_last_ce": round(ce_model[live].mean().item(), 4),
     "floor_last_ce": round(ce_floor[live].mean().item(), 4),
