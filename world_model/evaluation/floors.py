@@ -163,6 +163,16 @@ def floor_metrics(floor: CountFloor, windows: torch.Tensor, accuracy: bool = Tru
     return metrics
 
 
+def sentence_end_counts(windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ends, reaching), each (N + 1,) float64, over every sentence of `windows` (S, 5, N): how many end at slot k
+    (hold k tokens), and how many are still going there (hold at least k)."""
+    n = windows.shape[2]
+    lengths = (windows != PAD_ID).sum(-1).flatten()  # (S * 5,) sentence lengths
+    ends = torch.bincount(lengths, minlength=n + 1).double()
+    reaching = (lengths[:, None] >= torch.arange(n + 1)[None, :]).sum(0).double()
+    return ends, reaching
+
+
 def count_end_cost(train_windows: torch.Tensor, windows: torch.Tensor) -> float:
     """Mean -log(1 - h_n) over the non-padding S(4) tokens of `windows` (S, 5, N), h_n the add-one per-slot end rate
     of every sentence of `train_windows` (module docstring): what knowing only the length statistics costs a model
@@ -170,10 +180,8 @@ def count_end_cost(train_windows: torch.Tensor, windows: torch.Tensor) -> float:
     n = train_windows.shape[2]
     if windows.shape[2] != n:
         raise ValueError(f"windows have {windows.shape[2]} slots a sentence, the training windows {n}")
-    lengths = (train_windows != PAD_ID).sum(-1).flatten()  # (S * 5,) sentence lengths
-    ends = torch.bincount(lengths, minlength=n + 1)[:n].double()  # sentences that end at slot k (k tokens)
-    reaching = (lengths[:, None] >= torch.arange(n)[None, :]).sum(0).double()  # sentences still going at slot k
-    cost = -torch.log1p(-(ends + 1) / (reaching + 2))  # (N,) paid by a token at slot k
+    ends, reaching = sentence_end_counts(train_windows)
+    cost = -torch.log1p(-(ends[:n] + 1) / (reaching[:n] + 2))  # (N,) paid by a token at slot k
     live = windows[:, CONTEXT] != PAD_ID  # (S, N)
     if not live.any():
         raise ValueError("the windows hold no non-padding S(4) token")

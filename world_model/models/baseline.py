@@ -392,6 +392,12 @@ class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):
         rest = logits.index_fill(-1, torch.tensor([self.config.eos_id], device=logits.device), float("-inf"))
         return (logits.logsumexp(-1) - rest.logsumexp(-1)).sum(), content.sum()  # -log(1 - p([EOS])) per token
 
+    def smoothing_cross_entropy(self, logits: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+        """The cross-entropy of each row of `logits` (K, V) against label smoothing's target, uniform over the
+        vocabulary: logsumexp - mean of the logits, (K,). `steps` (K,) gives each row's step k of S(T), for a
+        target that depends on it (unused by the uniform one)."""
+        return logits.logsumexp(-1) - logits.mean(-1)
+
     def training_step(
         self, token_ids_full: torch.Tensor, use_cache: bool = True, label_smoothing: float = 0.0
     ) -> StepStats:
@@ -411,9 +417,10 @@ class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):
         is_content = content[active]  # (K,)
         window_tokens = active.sum()
         loss_sum = ce.sum()
-        if label_smoothing > 0:  # the cross-entropy against a uniform target is logsumexp - mean of the logits
-            uniform = (logits.logsumexp(-1) - logits.mean(-1)).sum()
-            loss_sum = (1 - label_smoothing) * loss_sum + label_smoothing * uniform
+        if label_smoothing > 0:
+            steps = torch.arange(gold.shape[1], device=gold.device).expand_as(gold)[active]  # (K,) step k of each row
+            smoothed = self.smoothing_cross_entropy(logits, steps).sum()
+            loss_sum = (1 - label_smoothing) * loss_sum + label_smoothing * smoothed
         return StepStats(
             loss=loss_sum / window_tokens,
             window_ce_sum=ce.sum().detach(),
