@@ -268,6 +268,26 @@ def test_label_smoothing_changes_only_the_loss_to_gold_mixed_with_a_uniform_gues
         torch.testing.assert_close(getattr(smooth, key), getattr(plain, key))  # the reported numbers stay plain
 
 
+def test_label_smoothing_towards_a_prior_mixes_gold_with_that_steps_distribution():
+    model = make_model(scale=0.5)
+    full = make_full(B=4, seed=8)
+    run = model.free_run(full)
+    n_steps, vocab = run.packed.gold.shape[1], run.logits.shape[-1]
+    prior = torch.softmax(torch.randn(N + 1, vocab, generator=torch.Generator().manual_seed(3)), -1)  # (N + 1, V)
+    smooth = model.training_step(full, label_smoothing=0.3, smoothing_prior=prior)
+    log_q = torch.log_softmax(run.logits, -1)  # (B, G, V)
+    active = torch.arange(n_steps)[None, :] < run.packed.gold_len[:, None]  # (B, G)
+    gold_term = -log_q.gather(-1, run.packed.gold[..., None])[..., 0][active]  # (K,)
+    step_prior = prior[torch.arange(n_steps).clamp(max=N)]  # (G, V): step k's distribution
+    prior_term = -(step_prior[None] * log_q).sum(-1)[active]  # (K,)
+    torch.testing.assert_close(smooth.loss, (0.7 * gold_term + 0.3 * prior_term).mean())
+    uniform = torch.full((N + 1, vocab), 1 / vocab)
+    torch.testing.assert_close(  # a uniform prior is the uniform smoothing
+        model.training_step(full, label_smoothing=0.3, smoothing_prior=uniform).loss,
+        model.training_step(full, label_smoothing=0.3).loss,
+    )
+
+
 def test_aligned_accuracy_counts_nothing_after_an_early_eos():
     tokens = torch.tensor([[4, 5, EOS, 7, 8, 9], [4, 6, 6, 7, 2, 2]])
     gold = torch.tensor([[4, 5, 6, 7, 8, EOS], [4, 5, 6, EOS, 0, 0]])

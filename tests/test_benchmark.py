@@ -17,13 +17,14 @@ from world_model.benchmark import attention as attn
 from world_model.benchmark import paper as paper_check
 from world_model.benchmark import table5 as bench
 from world_model.benchmark.preset import MODELS, SHARED_MODEL_KEYS, BenchmarkError, load_preset, run_config, run_name
-from world_model.benchmark.report import pair_record
+from world_model.benchmark.report import pair_record, run_mismatches
 from world_model.data.rocstories import build_vocabulary, encode_windows, load_cloze_halves, load_corpus
 from world_model.evaluation import story_cloze as sc
 from world_model.evaluation.floors import FLOORS, floor_report
 from world_model.models.registry import build_model, count_parameters, load_model
 from world_model.text.vocab import Vocabulary
 from world_model.training import train as train_mod
+from world_model.training.checkpoints import config_differences
 from world_model.training.config import ConfigError
 
 TINY_PRESET = {
@@ -274,6 +275,20 @@ def test_presets_share_the_paper_matching_rule():
     assert marker["target_marker"] and not run_config(cpu, "h4_l2", "baseline")["model"]["target_marker"]
     scaled = run_config(cpu, "h4_l2", "baseline", variant="marker_scaled")["model"]
     assert scaled["target_marker"] and scaled["scale_embeddings"] and not marker["scale_embeddings"]
+    # the count-smoothed baseline changes its loss and nothing else of the training section
+    smoothed = run_config(cpu, "h4_l2", "baseline", variant="count_smoothed", seed=2)
+    plain = run_config(cpu, "h4_l2", "baseline", seed=2)
+    assert config_differences(plain["training"], smoothed["training"]) == [
+        "label_smoothing: 0.0 -> 0.4",
+        "label_smoothing_prior: 'uniform' -> 'counts'",
+    ]
+    assert smoothed["model"] == plain["model"]
+    facts = {"train_subset": None, "train_windows": 20000, "validation_windows": 3742, "vocab_size": 9}
+    ref, row = {"config": plain, **facts}, {"config": smoothed, **facts}
+    intended = cpu["variants"]["count_smoothed"]["training"]
+    assert run_mismatches(ref, row, intended) == [] and len(run_mismatches(ref, row)) == 2
+    row["config"] = run_config(cpu, "h4_l2", "baseline", variant="count_smoothed", seed=1)
+    assert run_mismatches(ref, row, intended) == ["seed: 2 -> 1"]  # what the variant does not change still counts
     assert paper["budget"] == {"train_subset": None, "max_minutes": None}
 
 
@@ -583,7 +598,13 @@ def test_a_preset_without_variants_has_no_attention_report(finished):
             ConfigError,
             "r_m = 9",
         ),
-        ({"pair": "h2_l1"}, BenchmarkError, "must be {type, pair, model}"),
+        ({"pair": "h2_l1"}, BenchmarkError, "must be {type, pair, model, training}"),
+        ({"type": "baseline", "pair": "h2_l1", "training": {"lr": 0.1}}, BenchmarkError, "not ['lr']"),
+        (
+            {"type": "baseline", "pair": "h2_l1", "training": {"label_smoothing_prior": "counts"}},
+            ConfigError,
+            "needs training.label_smoothing > 0",
+        ),
     ],
 )
 def test_a_bad_variant_is_an_error_when_the_preset_is_read(tmp_path, variant, error, message):

@@ -92,6 +92,28 @@ def test_count_end_cost_is_the_add_one_end_rate_of_the_training_sentences_paid_b
         fl.count_end_cost(TRAIN, torch.zeros_like(VAL))
 
 
+def test_count_prior_is_the_position_unigram_times_the_chance_of_going_on_and_eos_the_chance_of_ending():
+    # End rates by hand: of TRAIN's ten sentences none ends at slot 0, 3 of the 10 reaching slot 1 end there, and
+    # the 7 that reach slot 2 (full) all end. Alpha by hand: fitted on the first window, the held-out second
+    # window's S(4) [2, 4] has p(2 @ 0) p(4 @ 1) = (3 + a) / (5 + 4a) * a / (3 + 4a), which rises over the whole
+    # grid, so alpha is its largest value, 2. The table is then refitted on both windows (SLOT_COUNTS).
+    eos, model_vocab = 5, 7  # ids 5 ([EOS]) and 6 past the sentence vocabulary
+    prior = fl.count_prior(TRAIN, V, model_vocab, eos)
+    assert prior.shape == (3, model_vocab) and prior.dtype == torch.float32
+    assert max(fl.ALPHAS) == 2.0
+    end = [0.0, 0.3, 1.0]
+    for slot in range(2):
+        counts = SLOT_COUNTS[slot]
+        for v in range(1, V):
+            expected = (1 - end[slot]) * (counts[v] + 2) / (sum(counts.values()) + 8)
+            assert float(prior[slot, v]) == pytest.approx(expected, rel=1e-6)
+    assert prior[:, eos].tolist() == pytest.approx(end)
+    assert prior[:, 0].tolist() == [0, 0, 0] and prior[:, 6].tolist() == [0, 0, 0]  # padding and ids past [EOS]
+    torch.testing.assert_close(prior.sum(-1), torch.ones(3))
+    with pytest.raises(ValueError, match=r"\[EOS\] id 3 must lie in \[5, 7\)"):
+        fl.count_prior(TRAIN, V, model_vocab, 3)
+
+
 def test_last_sentence_floor_counts_the_training_s4_slots_alone():
     # TRAIN's S(4)s are [3, pad] and [2, 4]: slot 0 holds 3 once and 2 once, slot 1 holds 4 once (ids 1..4).
     got = fl.last_sentence_floor(TRAIN, VAL, V)

@@ -70,6 +70,34 @@ def test_readout_on_target_slots_only_equals_full_logits_loss():
     assert int(stats.last_correct) == int(((last.argmax(-1) == last_gold) & mask).sum())
 
 
+@pytest.mark.parametrize("prior_kind", ["uniform", "per_slot"])
+def test_label_smoothing_equals_the_soft_target_cross_entropy_of_the_full_logits(prior_kind):
+    model = make_model()
+    full = torch.cat([make_window(seed=13), make_window(seed=14)[:, :1]], dim=1)  # (B, T+1, N)
+    n_tokens = model.config.n_tokens
+    prior = None
+    if prior_kind == "per_slot":
+        prior = torch.softmax(torch.randn(n_tokens, V, generator=torch.Generator().manual_seed(5)), -1)  # (N, V)
+    stats = model.training_step(full, label_smoothing=0.3, smoothing_prior=prior)
+    stats.loss.backward()
+    fused = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    logits = model(full[:, :-1])  # (B, N, T, V)
+    Y = full[:, 1:].permute(0, 2, 1)  # (B, N, T)
+    live = Y != 0
+    q = torch.full((n_tokens, V), 1 / V) if prior is None else prior  # (N, V) the smoothing target per slot
+    target = 0.7 * F.one_hot(Y, V).double() + 0.3 * q[None, :, None, :].double()  # (B, N, T, V)
+    reference = -(target[live] * torch.log_softmax(logits[live].double(), -1)).sum(-1).mean()
+    torch.testing.assert_close(stats.loss.double(), reference)
+    reference.backward()
+    for name, p in model.named_parameters():
+        if name in fused:
+            torch.testing.assert_close(fused[name], p.grad, msg=name, atol=1e-6, rtol=1e-4)
+    plain = model.training_step(full)
+    for key in ("window_ce_sum", "window_tokens", "last_ce_sum", "last_correct", "last_tokens"):
+        torch.testing.assert_close(getattr(stats, key), getattr(plain, key))  # the reported numbers stay plain
+
+
 def test_last_slice_logits_equal_the_full_forward():
     model = make_model()
     ids = make_window()

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from world_model.data.rocstories import CLOZE_COLUMNS, TRAIN_COLUMNS, DataError
 from world_model.evaluation.evaluate import main as evaluate_main
-from world_model.evaluation.floors import FLOORS
+from world_model.evaluation.floors import FLOORS, count_prior
 from world_model.models.checkpoint import CheckpointError
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.registry import MODEL_TYPES, build_model, load_model, model_vocab_size
@@ -33,7 +33,7 @@ from world_model.training.checkpoints import (
 )
 from world_model.training.config import ConfigError, TrainingConfig, load_config, validate_config
 from world_model.training.loop import best_epoch_index, should_stop, stop_reason
-from world_model.training.train import train
+from world_model.training.train import smoothing_prior, train
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_NAME = "ROCStories__spring2016 - ROCStories_spring2016.csv"
@@ -634,19 +634,52 @@ def test_adam_eps_reaches_the_optimizer_and_changes_the_run(data_dir, tmp_path):
         TrainingConfig(adam_eps=0)
 
 
-def test_label_smoothing_reaches_the_baseline_loss_and_is_refused_elsewhere(data_dir, tmp_path):
+def test_label_smoothing_reaches_the_baseline_loss_and_is_refused_with_the_copy_path(data_dir, tmp_path):
     config = copy.deepcopy(TINY)
     config["model"] = {"type": "baseline", "d_x": 4, "d_t": 2, "n_heads": 2, "n_layers": 1, "dropout": 0.1}
     config["training"]["max_epochs"] = 1
     train(config, data_dir, tmp_path / "plain", progress=False)
     config["training"]["label_smoothing"] = 0.3
     train(config, data_dir, tmp_path / "smooth", progress=False)
-    weights = [load_file(tmp_path / run / "last" / "model" / "model.safetensors") for run in ("smooth", "plain")]
+    config["training"]["label_smoothing_prior"] = "counts"
+    train(config, data_dir, tmp_path / "counts", progress=False)
+    runs = ("smooth", "plain", "counts")
+    weights = [load_file(tmp_path / run / "last" / "model" / "model.safetensors") for run in runs]
     assert any(not torch.equal(weights[0][k], weights[1][k]) for k in weights[1])
-    with pytest.raises(ConfigError, match="label_smoothing is for the flat baseline"):
-        validate_config({"model": {"type": "four_tensor"}, "training": {"label_smoothing": 0.1}})
+    assert any(not torch.equal(weights[0][k], weights[2][k]) for k in weights[2])  # counts, not uniform
+    with pytest.raises(ConfigError, match="label_smoothing_prior 'counts' needs training.label_smoothing > 0"):
+        validate_config({"model": {"type": "baseline"}, "training": {"label_smoothing_prior": "counts"}})
+    with pytest.raises(ConfigError, match="training.label_smoothing_prior must be 'uniform' or 'counts'"):
+        TrainingConfig(label_smoothing=0.1, label_smoothing_prior="unigram")
+    with pytest.raises(ConfigError, match="not defined for the copy path's mixture"):
+        validate_config({"model": {"type": "four_tensor", "copy_path": True}, "training": {"label_smoothing": 0.1}})
     with pytest.raises(ConfigError, match=r"training.label_smoothing must be in \[0, 1\), got 1.0"):
         TrainingConfig(label_smoothing=1)
+
+
+def test_the_count_prior_of_a_run_is_fitted_on_its_training_story_windows_alone():
+    windows = torch.tensor([[[2, 3], [2, 0], [4, 3], [2, 3], [3, 0]], [[3, 2], [4, 4], [2, 0], [3, 3], [2, 4]]])
+    model = build_model({"type": "baseline", "d_x": 4, "d_t": 2, "n_heads": 2, "n_layers": 1, "n_tokens": 2}, 5)
+    assert smoothing_prior(TrainingConfig(), windows, 5, model) is None
+    assert smoothing_prior(TrainingConfig(label_smoothing=0.2), windows, 5, model) is None  # uniform
+    counts = smoothing_prior(TrainingConfig(label_smoothing=0.2, label_smoothing_prior="counts"), windows, 5, model)
+    expected = count_prior(windows, 5, model.config.vocab_size, model.config.eos_id)
+    assert counts.shape == (3, model.config.vocab_size) and torch.equal(counts, expected)
+    four = build_model({"type": "four_tensor", "d_x": 4, "d_t": 2, "n_heads": 2, "n_layers": 1, "n_tokens": 2}, 5)
+    slots = smoothing_prior(TrainingConfig(label_smoothing=0.2, label_smoothing_prior="counts"), windows, 5, four)
+    assert torch.equal(slots, count_prior(windows, 5, 5))  # no [EOS]: the position unigram of the token slots
+    torch.testing.assert_close(slots[:, :5], counts[:2, :5] / counts[:2, :5].sum(-1, keepdim=True))
+
+
+def test_a_four_tensor_run_trains_with_count_smoothing(data_dir, tmp_path):
+    config = copy.deepcopy(TINY)
+    config["training"]["max_epochs"] = 1
+    train(config, data_dir, tmp_path / "plain", progress=False)
+    config["training"].update(label_smoothing=0.3, label_smoothing_prior="counts")
+    summary = train(config, data_dir, tmp_path / "counts", progress=False)
+    weights = [load_file(tmp_path / run / "last" / "model" / "model.safetensors") for run in ("counts", "plain")]
+    assert any(not torch.equal(weights[0][k], weights[1][k]) for k in weights[1])
+    assert math.isfinite(summary["best_metrics"]["val_last_ce"])
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ both models share: d_x, d_t, dropout, N, T, the optimizer, the batch, the seed, 
 it checked as the spec
 
     {"name", "path", "pairs": {name: {"n_heads", "n_layers"}}, "model", "training",
-     "budget": {"train_subset", "max_minutes"}, "variants": {name: {"type", "pair", "model"}},
+     "budget": {"train_subset", "max_minutes"}, "variants": {name: {"type", "pair", "model", "training"}},
      "seeds": [int] | None, "default_pairs": [pair] | None}
 
 The spec stays a plain mapping, not a dataclass like the model, training and pipeline settings: it is stored
@@ -30,10 +30,11 @@ PRESET_DIR = Path(__file__).resolve().parents[2] / "configs" / "benchmark"
 MODELS = ("four_tensor", "baseline")  # run order within a pair
 MODEL_LABELS = {"four_tensor": "4-tensor", "baseline": "baseline"}
 PRESET_SECTIONS = ("pairs", "model", "training", "budget", "variants", "seeds", "default_pairs")
-VARIANT_FIELDS = ("type", "pair", "model")
+VARIANT_FIELDS = ("type", "pair", "model", "training")
 BUDGET_FIELDS = ("train_subset", "max_minutes")
 PAIR_FIELDS = ("n_heads", "n_layers")
 SHARED_MODEL_KEYS = ("d_x", "d_t", "n_heads", "n_layers", "n_tokens", "n_states", "dropout")
+VARIANT_TRAINING_KEYS = ("label_smoothing", "label_smoothing_prior", "target_sentences")  # the loss, not the optimiser
 
 
 class BenchmarkError(ValueError):
@@ -154,16 +155,19 @@ def load_preset(preset: str | os.PathLike) -> dict:
 
 
 def check_variant(name: Any, v: Any, pairs: dict, path: Path) -> dict:
-    """One entry of the `variants:` section, checked: {"type", "pair", "model": overrides}."""
+    """One entry of the `variants:` section, checked: {"type", "pair", "model": overrides, "training": overrides}.
+
+    A variant changes its model or its training loss, never what it shares with its reference run: the model's
+    widths, heads and layers, and the optimiser, batch, schedule, stopping rule and seed (SHARED_TRAINING_KEYS)."""
     where = f"{path}: variant {name!r}"
     if not isinstance(name, str) or not name or not all(ch.isalnum() or ch in "_-." for ch in name):
         raise BenchmarkError(f"{where}: a variant name is letters, digits, '_', '-' and '.' (it names the run folder)")
     if (
         not isinstance(v, dict)
-        or sorted(k for k in v if k != "model") != ["pair", "type"]
+        or sorted(k for k in v if k not in ("model", "training")) != ["pair", "type"]
         or any(k not in VARIANT_FIELDS for k in v)
     ):
-        raise BenchmarkError(f"{where} must be {{type, pair, model}}, got {v!r}")
+        raise BenchmarkError(f"{where} must be {{type, pair, model, training}}, got {v!r}")
     if v["type"] not in MODELS:
         raise BenchmarkError(f"{where}: type {v['type']!r} is not one of {list(MODELS)}")
     if v["pair"] not in pairs:
@@ -174,13 +178,22 @@ def check_variant(name: Any, v: Any, pairs: dict, path: Path) -> dict:
     fixed = [k for k in ("type", *SHARED_MODEL_KEYS) if k in overrides]
     if fixed:
         raise BenchmarkError(f"{where}: 'model' must not set {fixed}: a variant shares them with its reference")
-    return {"type": v["type"], "pair": v["pair"], "model": dict(overrides)}
+    training = v.get("training") or {}
+    if not isinstance(training, dict):
+        raise BenchmarkError(f"{where}: 'training' must be a mapping of training settings")
+    shared = [k for k in training if k not in VARIANT_TRAINING_KEYS]
+    if shared:
+        raise BenchmarkError(
+            f"{where}: 'training' may only set {list(VARIANT_TRAINING_KEYS)}, not {shared}: a variant shares the "
+            "optimiser, batch, schedule, stopping rule and seed with its reference"
+        )
+    return {"type": v["type"], "pair": v["pair"], "model": dict(overrides), "training": dict(training)}
 
 
 def check_variants(variants: Any, pairs: dict, path: Path) -> dict:
-    """The preset's `variants:` section, checked: {name: {"type", "pair", "model": overrides}}."""
+    """The preset's `variants:` section, checked: {name: {"type", "pair", "model", "training": overrides}}."""
     if not isinstance(variants, dict):
-        raise BenchmarkError(f"{path}: 'variants' must map variant names to {{type, pair, model}}")
+        raise BenchmarkError(f"{path}: 'variants' must map variant names to {{type, pair, model, training}}")
     return {name: check_variant(name, v, pairs, path) for name, v in variants.items()}
 
 
@@ -264,11 +277,11 @@ def run_config(
     seed: int | None = None,
 ) -> dict:
     """The validated train() config of one run: the preset's shared settings plus the pair's H, L (and a variant's
-    overrides, and the seed of a multi-seed preset)."""
-    overrides = preset["variants"][variant]["model"] if variant else {}
+    model and training overrides, and the seed of a multi-seed preset)."""
+    spec = preset["variants"][variant] if variant else {}
     config = {
-        "model": {"type": model_type, **preset["model"], **preset["pairs"][pair], **overrides},
-        "training": dict(preset["training"]),
+        "model": {"type": model_type, **preset["model"], **preset["pairs"][pair], **spec.get("model", {})},
+        "training": {**preset["training"], **spec.get("training", {})},
     }
     if max_epochs is not None:
         config["training"]["max_epochs"] = max_epochs

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import platform
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -119,16 +119,16 @@ def run_rows(runs: list[Run], out: Path) -> list[dict | None]:
     ]
 
 
-def variant_records(rows: list[dict | None], runs: list[Run], by_pair: dict[tuple, dict]) -> list[dict]:
+def variant_records(rows: list[dict | None], runs: list[Run], by_pair: dict[tuple, dict], spec: dict) -> list[dict]:
     """The finished variants' records, each with its mismatches against its reference (the pair's run of its type
-    and seed; None while that has not finished)."""
+    and seed; None while that has not finished), less the training settings the variant itself changes."""
     variants = []
     for row, r in zip(rows, runs):
         if row is not None and r.variant is not None:
             reference = by_pair.get((r.pair, r.seed), {}).get(r.model_type)
-            variants.append(
-                {**row, "variant": r.variant, "mismatches": run_mismatches(reference, row) if reference else None}
-            )
+            intended = spec["variants"][r.variant].get("training", {})
+            mismatches = run_mismatches(reference, row, intended) if reference else None
+            variants.append({**row, "variant": r.variant, "mismatches": mismatches})
     return variants
 
 
@@ -143,7 +143,7 @@ def collect_results(results: dict, runs: list[Run], out: Path) -> None:
         by_pair.setdefault((row["pair"], row["seed"]), {})[row["model_type"]] = row
     results["pairs"] = [{**pair_record(pair, found), "seed": seed} for (pair, seed), found in by_pair.items()]
     if spec["variants"]:
-        results["variants"] = variant_records(rows, runs, by_pair)
+        results["variants"] = variant_records(rows, runs, by_pair, spec)
         attention = [
             v for v in results["variants"] if attn.is_attention_variant(spec["variants"][v["variant"]]["model"])
         ]
@@ -163,9 +163,11 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b is not None and b > 0 else None
 
 
-def run_mismatches(a: dict, b: dict) -> list[str]:
-    """What differs between two run records that must be matched: training settings, shared model settings, data."""
-    mismatches = config_differences(a["config"]["training"], b["config"]["training"])
+def run_mismatches(a: dict, b: dict, intended: Sequence[str] = ()) -> list[str]:
+    """What differs between two run records that must be matched: training settings (but the `intended` ones),
+    shared model settings, data."""
+    differences = config_differences(a["config"]["training"], b["config"]["training"])
+    mismatches = [d for d in differences if d.split(":")[0] not in intended]
     mismatches += [
         f"model.{k}: {a['config']['model'][k]!r} -> {b['config']['model'][k]!r}"
         for k in SHARED_MODEL_KEYS

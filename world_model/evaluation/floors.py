@@ -21,6 +21,10 @@ and on a content token it pays -log(1 - p([EOS])) for it. The count version of t
 the training sentences (all five of every window), h_n = (#ending at n + 1) / (#reaching n + 2); a writer that must
 say where S(4) ends and knows only that rate pays the mean of -log(1 - h_n) over the S(4) tokens, on top of a floor.
 
+Count prior (`count_prior`). What a count predicts at each step of a sentence written free-running, [EOS] included:
+the position unigram (alpha chosen as in `select_floors`) times the chance that a training sentence goes on past the
+slot, and [EOS] with the chance that it ends there. The target of training.label_smoothing_prior "counts".
+
 Last-sentence floor (`last_sentence_floor`). The floors count all five sentences of a window; the flat baseline is
 trained on the tokens of S(4) alone (section 7.4). The position unigram counted on the training S(4) slots only is what
 counting learns from the baseline's own training tokens: a reference for the baseline rows, not a floor of the table.
@@ -186,6 +190,41 @@ def count_end_cost(train_windows: torch.Tensor, windows: torch.Tensor) -> float:
     if not live.any():
         raise ValueError("the windows hold no non-padding S(4) token")
     return float((cost[None, :] * live).sum() / live.sum())
+
+
+def count_prior(
+    train_windows: torch.Tensor, vocab_size: int, model_vocab: int, eos_id: int | None = None
+) -> torch.Tensor:
+    """q, what counting predicts at each step of a sentence, float32: (N + 1, model_vocab) for a writer with an
+    [EOS] id (step k = 0..N of a free-running sentence), (N, model_vocab) the position unigram alone without one
+    (`eos_id` None: a predictor of the live token slots, such as the 4-tensor readout).
+
+    With [EOS], row k < N is (1 - end_k) * position_unigram[k] over the ids below `vocab_size` and end_k at
+    `eos_id`, where end_k = #(sentences ending at k) / #(sentences reaching k) over every sentence of
+    `train_windows` (S, 5, N); row N (a sentence that filled every slot) is [EOS] alone. The unigram's alpha is
+    chosen on a held-out slice of `train_windows` (`best_alpha`) and the table refitted on them all; nothing else
+    is read. Every row sums to 1.
+    """
+    check_windows(train_windows, vocab_size, "training windows")
+    if eos_id is not None and not vocab_size <= eos_id < model_vocab:
+        raise ValueError(f"[EOS] id {eos_id} must lie in [{vocab_size}, {model_vocab}): past the sentence vocabulary")
+    if model_vocab < vocab_size:
+        raise ValueError(f"the model's vocabulary ({model_vocab}) is smaller than the sentences' ({vocab_size})")
+    n = train_windows.shape[2]
+    fit, held = split_heldout(train_windows)
+    alpha, _ = best_alpha("position_unigram", slot_counts(fit, vocab_size), held)
+    table = CountFloor.fit("position_unigram", slot_counts(train_windows, vocab_size), alpha).table  # (N, V)
+    if eos_id is None:
+        prior = torch.zeros(n, model_vocab, dtype=torch.float64)
+        prior[:, :vocab_size] = table
+        return prior.float()
+    ends, reaching = sentence_end_counts(train_windows)
+    end = ends / reaching.clamp(min=1)  # (N + 1,) p(the sentence ends at k | it reached k)
+    prior = torch.zeros(n + 1, model_vocab, dtype=torch.float64)
+    prior[:n, :vocab_size] = (1 - end[:n, None]) * table
+    prior[:, eos_id] = end
+    prior[n, eos_id] = 1.0
+    return prior.float()
 
 
 def last_sentence_floor(train_windows: torch.Tensor, val_windows: torch.Tensor, vocab_size: int) -> dict:

@@ -392,14 +392,24 @@ class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):
         rest = logits.index_fill(-1, torch.tensor([self.config.eos_id], device=logits.device), float("-inf"))
         return (logits.logsumexp(-1) - rest.logsumexp(-1)).sum(), content.sum()  # -log(1 - p([EOS])) per token
 
-    def smoothing_cross_entropy(self, logits: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-        """The cross-entropy of each row of `logits` (K, V) against label smoothing's target, uniform over the
-        vocabulary: logsumexp - mean of the logits, (K,). `steps` (K,) gives each row's step k of S(T), for a
-        target that depends on it (unused by the uniform one)."""
-        return logits.logsumexp(-1) - logits.mean(-1)
+    @staticmethod
+    def smoothing_cross_entropy(
+        logits: torch.Tensor, steps: torch.Tensor, prior: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The cross-entropy of each row of `logits` (K, V) against label smoothing's target, (K,): uniform over the
+        vocabulary (logsumexp - mean of the logits) without a `prior`, else q = prior[step] (`prior` (N + 1, V),
+        one distribution per step k = 0..N of S(T); `steps` (K,) is each row's k): logsumexp - sum_v q_v logit_v."""
+        if prior is None:
+            return logits.logsumexp(-1) - logits.mean(-1)
+        q = prior[steps.clamp(max=len(prior) - 1)]  # (K, V)
+        return logits.logsumexp(-1) - (q * logits).sum(-1)
 
     def training_step(
-        self, token_ids_full: torch.Tensor, use_cache: bool = True, label_smoothing: float = 0.0
+        self,
+        token_ids_full: torch.Tensor,
+        use_cache: bool = True,
+        label_smoothing: float = 0.0,
+        smoothing_prior: torch.Tensor | None = None,
     ) -> StepStats:
         """A stored window (B, T+1, N) -> the free-running selection loss and the statistics on S(T).
 
@@ -407,7 +417,8 @@ class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):
         steps, [EOS] included; last_* cover only the content tokens of S(T), the non-padding slots the
         4-tensor last slice is scored on. last_correct follows `aligned_correct`. A `label_smoothing` e > 0
         (not in the paper; training.label_smoothing) makes `loss` the cross-entropy against (1 - e) gold + e
-        uniform over the vocabulary; the statistics stay the plain cross-entropy.
+        uniform over the vocabulary, or + e smoothing_prior[k] at step k (training.label_smoothing_prior "counts";
+        `smoothing_prior` (N + 1, V), see `smoothing_cross_entropy`); the statistics stay the plain cross-entropy.
         """
         run = self.free_run(token_ids_full, use_cache)
         gold = run.packed.gold
@@ -419,7 +430,7 @@ class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):
         loss_sum = ce.sum()
         if label_smoothing > 0:
             steps = torch.arange(gold.shape[1], device=gold.device).expand_as(gold)[active]  # (K,) step k of each row
-            smoothed = self.smoothing_cross_entropy(logits, steps).sum()
+            smoothed = self.smoothing_cross_entropy(logits, steps, smoothing_prior).sum()
             loss_sum = (1 - label_smoothing) * loss_sum + label_smoothing * smoothed
         return StepStats(
             loss=loss_sum / window_tokens,

@@ -133,12 +133,17 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         log_gate, log_keep, pointer, key_ids = self.pointer(X, token_ids)
         return CopyPath.mix(logits, log_gate[:, rows], log_keep[:, rows], pointer[:, rows], key_ids)
 
-    def training_step(self, token_ids_full: torch.Tensor) -> StepStats:
+    def training_step(
+        self, token_ids_full: torch.Tensor, label_smoothing: float = 0.0, smoothing_prior: torch.Tensor | None = None
+    ) -> StepStats:
         """A stored window (B, T+1, N) -> the window loss on S(1..T) and statistics on S(T).
 
         The readout runs only on slots whose target is not padding, fused with the cross-entropy; the
         result equals the ignore-index cross-entropy of the full logits (B, N, T, V) against Y permuted
-        from (B, T, N) to (B, N, T) (tests/test_four_tensor.py proves it).
+        from (B, T, N) to (B, N, T) (tests/test_four_tensor.py proves it). A `label_smoothing` e > 0 (not in
+        the paper; training.label_smoothing) makes `loss` the cross-entropy against (1 - e) gold + e q, q uniform
+        over the vocabulary, or smoothing_prior[n] (N, V) at token slot n (training.label_smoothing_prior
+        "counts"); the statistics stay the plain cross-entropy. Not with the copy path.
         """
         c = self.config
         check_example(token_ids_full, c.n_states, c.n_tokens, c.vocab_size)
@@ -159,14 +164,35 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         else:
             ce_sum, ce, argmax = self.copy_path_loss(X, token_ids_full[:, :-1], Y, earlier, final, rows, target)
         window_tokens = live.sum()
+        loss_sum = ce_sum
+        if label_smoothing > 0:
+            if self.pointer is not None:
+                raise ValueError("label smoothing is not defined for the copy path's mixture")
+            slot = torch.arange(c.n_tokens, device=live.device)[None, :, None].expand_as(live)  # (B, N, T)
+            slots = torch.cat([slot[earlier], slot[final]])  # (K,) token slot n of each row
+            loss_sum = ce_sum + label_smoothing * self.smoothing_margin(rows, target, slots, smoothing_prior)
         return StepStats(
-            loss=ce_sum / window_tokens.clamp(min=1),
+            loss=loss_sum / window_tokens.clamp(min=1),
             window_ce_sum=ce_sum.detach(),
             window_tokens=window_tokens,
             last_ce_sum=ce[n_earlier:].sum(),
             last_correct=(argmax == target[n_earlier:]).sum(),
             last_tokens=final.sum(),
         )
+
+    def smoothing_margin(
+        self, rows: torch.Tensor, target: torch.Tensor, slots: torch.Tensor, prior: torch.Tensor | None
+    ) -> torch.Tensor:
+        """sum_k z_k[target_k] - q_k . z_k for the logits z = rows @ M of the K scored rows (rows (K, d), target and
+        slots (K,)), q_k uniform without a `prior`, else prior[slots_k] (`prior` (N, V)). Label smoothing's loss is
+        the fused cross-entropy plus e times this: (1 - e)(lse - z_t) + e (lse - q . z) = (lse - z_t) + e (z_t - q . z),
+        so the kernel's own cross-entropy carries the logsumexp and no (K, V) tensor is formed."""
+        M = self.readout_matrix()  # (d, V)
+        if prior is None:
+            toward = M.mean(-1)[None, :]  # (1, d): q . z = rows . mean of M's columns
+        else:
+            toward = (M @ prior.T.to(M.dtype)).T[slots]  # (N, d) -> (K, d): rows . (M q_n)
+        return (rows * (M.T[target] - toward)).sum()
 
     def copy_path_loss(self, X, token_ids, Y, earlier, final, rows, target):
         """`training_step`'s loss with the copy path: -log p(target) of the mixture for the K scored rows.

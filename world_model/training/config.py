@@ -3,7 +3,7 @@
     model:    {type, and the fields of the type's config class except vocab_size / padding_idx}
     training: the fields of TrainingConfig {lr, weight_decay, batch_size, max_epochs, patience, tolerance, seed,
               eval_batch_size, precision, lr_schedule, warmup_steps, schedule_epochs, final_lr_fraction,
-              holdout_stories, target_sentences, adam_eps, label_smoothing}
+              holdout_stories, target_sentences, adam_eps, label_smoothing, label_smoothing_prior}
 
 ``validate_config`` (``load_config`` for a file) checks every key, type and range of both sections against their
 dataclasses and returns the normalised config dict with every default filled in, so two files that mean the same
@@ -69,10 +69,13 @@ class TrainingConfig:
     every sentence S(1..T) of a window, each written free-running behind the sentences before it
     (`world_model.training.batches.prefix_windows`), so the baseline gets a loss on the same target sentences as the
     4-tensor model; validation and the reported scores stay on S(T). `adam_eps` is AdamW's epsilon, the floor under
-    the root-mean-square gradient that scales each update (default torch's 1e-8). `label_smoothing` e (flat
-    baseline only, default 0: the paper's loss) trains against (1 - e) gold + e uniform over the vocabulary, so
-    that words the loss never asks for keep some mass; validation and the reported scores stay the plain
-    cross-entropy."""
+    the root-mean-square gradient that scales each update (default torch's 1e-8). `label_smoothing` e (default
+    0: the paper's loss; not with the 4-tensor copy path) trains against (1 - e) gold + e uniform over the
+    vocabulary, so that words the loss never asks for keep some mass; validation and the reported scores stay the
+    plain cross-entropy. `label_smoothing_prior` "counts" smooths towards what counting predicts instead of
+    uniform (the prior variant of Pereyra et al. 2017): the target is (1 - e) gold + e q, q the position unigram of
+    the run's training windows at the token's slot, and for the flat baseline, which writes [EOS], with the chance
+    that a sentence ends there (`world_model.evaluation.floors.count_prior`)."""
 
     lr: float = 3e-4
     weight_decay: float = 0.01
@@ -92,7 +95,8 @@ class TrainingConfig:
     )
     target_sentences: str = "last"  # "last": S(T) only (section 7.4); "all": S(1..T), flat baseline only
     adam_eps: float = 1e-8  # AdamW's epsilon (torch's default)
-    label_smoothing: float = 0.0  # 0: the paper's cross-entropy; e in (0, 1): (1 - e) gold + e uniform, baseline only
+    label_smoothing: float = 0.0  # 0: the paper's cross-entropy; e in (0, 1): (1 - e) gold + e uniform (or prior)
+    label_smoothing_prior: str = "uniform"  # what e's share of the target is: "uniform" or "counts" (count_prior)
 
     def __post_init__(self) -> None:
         """Coerce every field to its type (an int or a numeric string is a float) and check its range: a ConfigError
@@ -118,6 +122,7 @@ class TrainingConfig:
             "target_sentences": (self.target_sentences in ("last", "all"), "'last' or 'all'"),
             "adam_eps": (self.adam_eps > 0, "> 0"),
             "label_smoothing": (0 <= self.label_smoothing < 1, "in [0, 1)"),
+            "label_smoothing_prior": (self.label_smoothing_prior in ("uniform", "counts"), "'uniform' or 'counts'"),
         }
         for name, (holds, wants) in allowed.items():
             if not holds:
@@ -201,10 +206,14 @@ def validate_config(config: Any, source: str = "config") -> dict:
             f"{source}: training.target_sentences 'all' is for the flat baseline; a {model['type']!r} model already "
             "receives a loss on every target sentence of a window"
         )
-    if training["label_smoothing"] > 0 and model["type"] != "baseline":
+    if training["label_smoothing"] > 0 and model.get("copy_path"):
         raise ConfigError(
-            f"{source}: training.label_smoothing is for the flat baseline; a {model['type']!r} model's fused "
-            "readout cross-entropy does not take it"
+            f"{source}: training.label_smoothing is not defined for the copy path's mixture (model.copy_path)"
+        )
+    if training["label_smoothing_prior"] != "uniform" and training["label_smoothing"] == 0:
+        raise ConfigError(
+            f"{source}: training.label_smoothing_prior {training['label_smoothing_prior']!r} needs "
+            "training.label_smoothing > 0 (it is the target of that share of the loss)"
         )
     return copy.deepcopy({"model": model, "training": training})
 

@@ -108,16 +108,20 @@ def deterministic_algorithms():
 # ----- the pieces of a run on one process -----
 class StepModule(nn.Module):
     """Routes forward() to `model.training_step`, so DistributedDataParallel sees the call that builds the graph.
-    A `label_smoothing` above 0 is passed on (the flat baseline's training loss; see TrainingConfig)."""
+    A `label_smoothing` above 0 is passed on with its `smoothing_prior` (N + 1, V), None for uniform (the flat
+    baseline's training loss; see TrainingConfig); the prior is a buffer, so it moves to the model's device."""
 
-    def __init__(self, model: nn.Module, label_smoothing: float = 0.0):
+    def __init__(self, model: nn.Module, label_smoothing: float = 0.0, smoothing_prior: torch.Tensor | None = None):
         super().__init__()
         self.model = model
         self.label_smoothing = label_smoothing
+        self.register_buffer("smoothing_prior", smoothing_prior, persistent=False)
 
     def forward(self, windows: torch.Tensor):
         if self.label_smoothing > 0:
-            return self.model.training_step(windows, label_smoothing=self.label_smoothing)
+            return self.model.training_step(
+                windows, label_smoothing=self.label_smoothing, smoothing_prior=self.smoothing_prior
+            )
         return self.model.training_step(windows)
 
 
@@ -148,16 +152,18 @@ def prepare(
     config: TrainingConfig,
     train_windows: torch.Tensor,
     val_windows: torch.Tensor,
+    smoothing_prior: torch.Tensor | None = None,
 ) -> Trainer:
     """AdamW on `model`, and the batches of this process (sharded here, not by accelerator.prepare: see
-    ProcessBatches; batches are moved to the device in `run_epoch`)."""
+    ProcessBatches; batches are moved to the device in `run_epoch`). `smoothing_prior` (N + 1, V): the target of
+    label smoothing with training.label_smoothing_prior "counts" (None: uniform)."""
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay, eps=config.adam_eps
     )
     sampler = EpochOrderSampler(len(train_windows), config.seed)
     batches = ProcessBatches(sampler, config.batch_size, accelerator.num_processes, accelerator.process_index)
     loader = DataLoader(WindowDataset(train_windows), collate_fn=stack_batch, batch_sampler=batches)
-    step_module, optimizer = accelerator.prepare(StepModule(model, config.label_smoothing), optimizer)
+    step_module, optimizer = accelerator.prepare(StepModule(model, config.label_smoothing, smoothing_prior), optimizer)
     val_shard = val_windows[accelerator.process_index :: accelerator.num_processes]
     return Trainer(accelerator, config, step_module, optimizer, sampler, loader, train_windows, val_shard)
 

@@ -34,6 +34,7 @@ import torch
 
 from world_model.data.rocstories import DataError
 from world_model.data.synthetic.sentences import data_kind, known_sentences
+from world_model.evaluation.floors import count_prior
 from world_model.models.checkpoint import CheckpointError
 from world_model.models.registry import build_model, count_parameters, model_vocab_size
 from world_model.text.vocab import Vocabulary
@@ -206,6 +207,15 @@ def train_epochs(
     return reason
 
 
+def smoothing_prior(tc: TrainingConfig, windows: torch.Tensor, vocab_size: int, model) -> torch.Tensor | None:
+    """The target of label smoothing with training.label_smoothing_prior "counts", fitted on the training `windows`
+    (S, T+1, N) alone (`count_prior`): (N + 1, V) for the flat baseline, whose steps include [EOS], (N, V) for the
+    4-tensor model's token slots; None for no smoothing or uniform smoothing."""
+    if tc.label_smoothing == 0 or tc.label_smoothing_prior == "uniform":
+        return None
+    return count_prior(windows, vocab_size, model.config.vocab_size, getattr(model.config, "eos_id", None))
+
+
 def epoch_line(record: dict) -> str:
     """The progress line of an epoch's record."""
     return (
@@ -241,6 +251,7 @@ def train(
     out = Path(out_dir)
     state_dir = checkpoints.check_run_folder(out, run_record, resume)
     data = TrainingData.load(data_dir, mc, train_subset, tc.holdout_stories)  # DataError before any training
+    story_windows = data.train_windows  # (S, T+1, N): what a count prior is fitted on
     if tc.target_sentences == "all":  # every sentence S(1..T) a target behind the ones before it (flat baseline)
         data.train_windows = prefix_windows(data.train_windows)
 
@@ -259,7 +270,8 @@ def train(
         if resume and state_dir is None:
             say(f"note: {out} holds no completed epoch to resume; starting a new run")
         resumed = resume_run(out, state_dir if resume else None, model, data, data_dir, accelerator, say)
-        trainer = prepare(accelerator, model, tc, data.train_windows, data.val_windows)
+        prior = smoothing_prior(tc, story_windows, len(data.vocab), model)
+        trainer = prepare(accelerator, model, tc, data.train_windows, data.val_windows, prior)
         if resumed is not None:
             trainer.optimizer.load_state_dict(resumed.optimizer_state)
             checkpoints.restore_rng(*resumed.rng)
