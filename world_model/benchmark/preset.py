@@ -158,7 +158,8 @@ def check_variant(name: Any, v: Any, pairs: dict, path: Path) -> dict:
     """One entry of the `variants:` section, checked: {"type", "pair", "model": overrides, "training": overrides}.
 
     A variant changes its model or its training loss, never what it shares with its reference run: the model's
-    widths, heads and layers, and the optimiser, batch, schedule, stopping rule and seed (SHARED_TRAINING_KEYS)."""
+    widths, heads and layers, and the optimiser, batch, schedule, stopping rule and seed (every training setting
+    outside VARIANT_TRAINING_KEYS)."""
     where = f"{path}: variant {name!r}"
     if not isinstance(name, str) or not name or not all(ch.isalnum() or ch in "_-." for ch in name):
         raise BenchmarkError(f"{where}: a variant name is letters, digits, '_', '-' and '.' (it names the run folder)")

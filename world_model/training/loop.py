@@ -108,8 +108,9 @@ def deterministic_algorithms():
 # ----- the pieces of a run on one process -----
 class StepModule(nn.Module):
     """Routes forward() to `model.training_step`, so DistributedDataParallel sees the call that builds the graph.
-    A `label_smoothing` above 0 is passed on with its `smoothing_prior` (N + 1, V), None for uniform (the flat
-    baseline's training loss; see TrainingConfig); the prior is a buffer, so it moves to the model's device."""
+    A `label_smoothing` above 0 is passed on with its `smoothing_prior` ((N + 1, V) for the flat baseline, (N, V)
+    for the 4-tensor model, None for uniform; see TrainingConfig); the prior is a buffer, so it moves to the
+    model's device."""
 
     def __init__(self, model: nn.Module, label_smoothing: float = 0.0, smoothing_prior: torch.Tensor | None = None):
         super().__init__()
@@ -155,8 +156,8 @@ def prepare(
     smoothing_prior: torch.Tensor | None = None,
 ) -> Trainer:
     """AdamW on `model`, and the batches of this process (sharded here, not by accelerator.prepare: see
-    ProcessBatches; batches are moved to the device in `run_epoch`). `smoothing_prior` (N + 1, V): the target of
-    label smoothing with training.label_smoothing_prior "counts" (None: uniform)."""
+    ProcessBatches; batches are moved to the device in `run_epoch`). `smoothing_prior`: the target of label
+    smoothing with training.label_smoothing_prior "counts" (see StepModule; None: uniform)."""
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay, eps=config.adam_eps
     )
