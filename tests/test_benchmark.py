@@ -266,7 +266,7 @@ def test_presets_share_the_paper_matching_rule():
     assert (paper["training"]["lr"], paper["training"].get("lr_schedule", "constant")) == (3e-4, "constant")
     assert (paper["model"]["d_x"], paper["model"]["d_t"], paper["training"]["max_epochs"]) == (64, 32, 100)
     assert (cpu["model"]["d_x"], cpu["model"]["d_t"]) == (16, 8)
-    # the cpu preset: the headline pair by default, all training stories, at least three seeds, the four extra rows
+    # the cpu preset: the headline pair by default, all training stories, at least three seeds, the extra rows
     assert cpu["default_pairs"] == ["h4_l2"] and len(cpu["seeds"]) >= 3 and cpu["budget"]["train_subset"] is None
     causal = run_config(cpu, "h4_l2", "four_tensor", variant="causal")["model"]
     copy = run_config(cpu, "h4_l2", "four_tensor", variant="causal_copy")["model"]
@@ -289,6 +289,9 @@ def test_presets_share_the_paper_matching_rule():
     assert run_mismatches(ref, row, intended) == [] and len(run_mismatches(ref, row)) == 2
     row["config"] = run_config(cpu, "h4_l2", "baseline", variant="count_smoothed", seed=1)
     assert run_mismatches(ref, row, intended) == ["seed: 2 -> 1"]  # what the variant does not change still counts
+    both = run_config(cpu, "h4_l2", "baseline", variant="marker_scaled_count_smoothed", seed=2)
+    assert both["model"] == run_config(cpu, "h4_l2", "baseline", variant="marker_scaled", seed=2)["model"]
+    assert both["training"] == smoothed["training"]  # the two changes together, nothing else
     assert paper["budget"] == {"train_subset": None, "max_minutes": None}
 
 
@@ -558,6 +561,16 @@ def test_attention_rows_count_the_saved_models_and_compare_with_the_reference(at
     assert target["candidates"] == ["tucker_1_shared"] and target["met"] == (shared["delta_percent"] <= 1.0)
 
 
+def test_variant_notes_name_the_seed_of_the_run_they_are_about():
+    row = {"pair": "h4_l2", "model_type": "baseline", "variant": "scaled", "stop_reason": "max_epochs"}
+    found = attn.notes({"variants": [{**row, "seed": 1, "mismatches": ["max_epochs: 10 -> 7"]}, {**row, "seed": 2}]})
+    assert found == [
+        "h4_l2 baseline scaled (seed 1): NOT matched with its reference: max_epochs: 10 -> 7",
+        "h4_l2 baseline scaled (seed 2): its reference run has not finished; no ratio or Δ%.",
+    ]
+    assert attn.notes({"variants": [{**row, "mismatches": []}]}) == []  # matched: nothing to say
+
+
 def test_attention_reports_table_and_figure(attention_finished):
     out, results = attention_finished
     md = (out / "results.md").read_text()
@@ -653,6 +666,26 @@ def test_report_only_reads_light_run_files_and_trains_nothing(finished, data_dir
     for row in again["runs"]:  # the Story Cloze figures come from each run's story_cloze.json
         assert row["story_cloze"] == before[row["run_dir"]]["story_cloze"] is not None
         assert row["val_last_ce"] == before[row["run_dir"]]["val_last_ce"]
+
+
+def test_a_run_made_before_a_setting_existed_reads_back_with_its_default(
+    finished, data_dir, preset, tmp_path, monkeypatch
+):
+    no_training(monkeypatch)
+    out = tmp_path / "older"
+    shutil.copytree(finished[0], out)
+    path = out / "runs" / "h1_l1_baseline" / "summary.json"
+    older = json.loads(path.read_text())
+    for key in ("adam_eps", "target_sentences"):  # settings added to TrainingConfig after such a run was made
+        del older["config"]["training"][key]
+    path.write_text(json.dumps(older))
+    args = ["--preset", str(preset), "--data", str(data_dir), "--out", str(out), "--report-only", "--no-progress"]
+    assert bench.main(args) == 0
+    again = json.loads((out / "results.json").read_text())
+    row = next(r for r in again["runs"] if r["run_dir"] == "runs/h1_l1_baseline")
+    assert (row["config"]["training"]["adam_eps"], row["config"]["training"]["target_sentences"]) == (1e-8, "last")
+    pair = next(p for p in again["pairs"] if p["pair"] == "h1_l1")
+    assert pair["matched"] and pair["mismatches"] == []
 
 
 def test_seeds_train_every_row_once_per_seed_and_pair_the_differences(data_dir, tmp_path, capsys):

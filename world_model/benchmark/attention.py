@@ -247,6 +247,8 @@ def notes(results: dict) -> list[str]:
     out = []
     for v in results.get("variants", []):
         label = f"{v['pair']} {FAMILY_LABELS[v['model_type']]} {v['variant']}"
+        if v.get("seed") is not None:
+            label += f" (seed {v['seed']})"
         if v["stop_reason"] == "time_budget":
             out.append(
                 f"{label}: stopped by the time budget after epoch {v['last_epoch']}; its selected epoch {v['best_epoch']} "

@@ -245,10 +245,11 @@ def run_record(pair: str, model_type: str, folder: Path, out: Path, extra: dict)
     if found is None:
         return None
     s, history = found["summary"], found["history"]
+    config = validate_config(s["config"], source=str(folder / SUMMARY_FILE))  # settings added since take defaults
     best = s["best_metrics"]
     train_seconds = sum(h.get("train_seconds", 0.0) for h in history)
     lowest = min(history, key=lambda h: h["val_last_ce"]) if history else {}
-    mc = s["config"]["model"]
+    mc = config["model"]
     return {
         "pair": pair,
         "model_type": model_type,
@@ -259,7 +260,7 @@ def run_record(pair: str, model_type: str, folder: Path, out: Path, extra: dict)
         "attention_parameters": attn.config_attention_parameters(mc, s["corpus_statistics"]["vocab_size"]),
         "best_epoch": s["best_epoch"],
         "last_epoch": s["last_epoch"],
-        "max_epochs": s["config"]["training"]["max_epochs"],
+        "max_epochs": config["training"]["max_epochs"],
         "stop_reason": s["stop_reason"],
         "stopped_by": STOPPED_BY.get(s["stop_reason"], str(s["stop_reason"])),
         "val_last_ce": best.get("val_last_ce"),
@@ -277,7 +278,7 @@ def run_record(pair: str, model_type: str, folder: Path, out: Path, extra: dict)
         "lowest_val_last_ce": lowest.get("val_last_ce"),
         "lowest_val_last_ce_epoch": lowest.get("epoch"),
         "resumed_from_epoch": s.get("resumed_from_epoch"),
-        "config": s["config"],
+        "config": config,
         "train_subset": s.get("train_subset"),
         "vocab_size": s["corpus_statistics"]["vocab_size"],
         "story_cloze": run_story_cloze(folder, s["data_dir"]),
