@@ -571,6 +571,38 @@ def test_variant_notes_name_the_seed_of_the_run_they_are_about():
     assert attn.notes({"variants": [{**row, "mismatches": []}]}) == []  # matched: nothing to say
 
 
+def test_the_per_epoch_plot_names_each_row_once_with_its_seeds():
+    from matplotlib.figure import Figure
+
+    from world_model.benchmark.report import plot_ls4_panel
+
+    def run(model_type, seed, variant=None):
+        history = [{"epoch": 1, "val_last_ce": 6.0 + seed}, {"epoch": 2, "val_last_ce": 5.9 + seed}]
+        row = {
+            "pair": "h2_l1",
+            "model_type": model_type,
+            "seed": seed,
+            "n_heads": 2,
+            "n_layers": 1,
+            "parameters": 3_372_800,
+        }
+        return {**row, "variant": variant, "history": history, "best_epoch": 2, "val_last_ce": 5.9 + seed}
+
+    rows = [run("four_tensor", 0), run("baseline", 0), run("four_tensor", 1), run("baseline", 1, "marker")]
+    colors = {("four_tensor", None): "C0", ("baseline", None): "C1", ("baseline", "marker"): "C2"}
+    floors = [{"floor": "unigram", "val_last_ce": 6.3}]
+    ax = Figure().subplots()
+    plot_ls4_panel(ax, "h2_l1", rows, colors, floors)
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels == [
+        "4-tensor (3.37M, seeds 0, 1)",
+        "baseline (3.37M, seed 0)",
+        "baseline marker (3.37M, seed 1)",
+        "floor: unigram (6.30)",
+    ]
+    assert len([line for line in ax.get_lines() if line.get_linestyle() == "-"]) == 4  # every seed still drawn
+
+
 def test_attention_reports_table_and_figure(attention_finished):
     out, results = attention_finished
     md = (out / "results.md").read_text()

@@ -303,7 +303,7 @@ def plot_ls4(results: dict, path: Path) -> None:
     axes = fig.subplots(1, max(len(pairs), 1), squeeze=False)[0]
     attention_runs = {a["run_dir"] for a in results.get("attention", [])}
     shown = results["runs"] + [v for v in results.get("variants", []) if v["run_dir"] not in attention_runs]
-    palette = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"]
+    palette = [f"C{i}" for i in range(10) if i != 7]  # matplotlib's default colours but its gray, the floors' colour
     colors = {
         key: palette[i % len(palette)]
         for i, key in enumerate(dict.fromkeys((r["model_type"], r.get("variant")) for r in shown))
@@ -322,8 +322,13 @@ def plot_ls4_panel(ax: Any, pair: str, rows: list[dict], colors: dict[tuple, str
     """One pair's panel of plot_ls4: a curve per row (colour by (model type, variant)), the floors as lines."""
     from matplotlib.ticker import MaxNLocator
 
+    seeds: dict[tuple, list] = {}  # (model type, variant) -> the seeds of its runs in this panel
     for r in rows:
-        plot_ls4_curve(ax, r, colors[(r["model_type"], r.get("variant"))])
+        seeds.setdefault((r["model_type"], r.get("variant")), []).append(r.get("seed"))
+    for r in rows:
+        key = (r["model_type"], r.get("variant"))
+        first = r.get("seed") == seeds[key][0]
+        plot_ls4_curve(ax, r, colors[key], seeds[key] if first else None)
         ax.set_title(f"{pair}: H = {r['n_heads']}, L = {r['n_layers']}")
     for f, style in zip(floors, (":", "--", "-.")):
         ax.axhline(
@@ -340,16 +345,18 @@ def plot_ls4_panel(ax: Any, pair: str, rows: list[dict], colors: dict[tuple, str
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
 
 
-def plot_ls4_curve(ax: Any, r: dict, color: str) -> None:
-    """A run record's L_S(4) per logged epoch, its selected epoch starred."""
-    seed = f", seed {r['seed']}" if r.get("seed") is not None else ""
+def plot_ls4_curve(ax: Any, r: dict, color: str, seeds: list | None) -> None:
+    """A run record's L_S(4) per logged epoch, its selected epoch starred; the legend names its row once, with the
+    row's `seeds`, and leaves the curve out when `seeds` is None (another seed of a row already named)."""
+    named = [s for s in seeds or [] if s is not None]
+    seed = f", seed{'s' if len(named) > 1 else ''} {', '.join(map(str, named))}" if named else ""
     ax.plot(
         [h["epoch"] for h in r["history"]],
         [h["val_last_ce"] for h in r["history"]],
         "o-",
         markersize=3,
         color=color,
-        label=f"{row_label(r).split(' ', 1)[1]} ({fmt_parameters(r['parameters'])}{seed})",
+        label=f"{row_label(r).split(' ', 1)[1]} ({fmt_parameters(r['parameters'])}{seed})" if seeds else "_nolegend_",
     )
     if r["best_epoch"] is not None:
         ax.plot(
