@@ -327,8 +327,7 @@ def plot_ls4_panel(ax: Any, pair: str, rows: list[dict], colors: dict[tuple, str
         seeds.setdefault((r["model_type"], r.get("variant")), []).append(r.get("seed"))
     for r in rows:
         key = (r["model_type"], r.get("variant"))
-        first = r.get("seed") == seeds[key][0]
-        plot_ls4_curve(ax, r, colors[key], seeds[key] if first else None)
+        plot_ls4_curve(ax, r, colors[key], seeds.pop(key, None))  # the row's first curve names it in the legend
         ax.set_title(f"{pair}: H = {r['n_heads']}, L = {r['n_layers']}")
     for f, style in zip(floors, (":", "--", "-.")):
         ax.axhline(
