@@ -292,6 +292,9 @@ def test_presets_share_the_paper_matching_rule():
     both = run_config(cpu, "h4_l2", "baseline", variant="marker_scaled_count_smoothed", seed=2)
     assert both["model"] == run_config(cpu, "h4_l2", "baseline", variant="marker_scaled", seed=2)["model"]
     assert both["training"] == smoothed["training"]  # the two changes together, nothing else
+    tensor = run_config(cpu, "h4_l2", "four_tensor", variant="count_smoothed_4t", seed=2)
+    assert tensor["model"] == run_config(cpu, "h4_l2", "four_tensor", seed=2)["model"]
+    assert tensor["training"] == smoothed["training"]  # the baseline's loss on the 4-tensor model, nothing else
     assert paper["budget"] == {"train_subset": None, "max_minutes": None}
 
 
