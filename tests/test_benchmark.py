@@ -646,7 +646,14 @@ def test_a_preset_without_variants_has_no_attention_report(finished):
             ConfigError,
             "r_m = 9",
         ),
-        ({"pair": "h2_l1"}, BenchmarkError, "must be {type, pair, model, training}"),
+        ({"pair": "h2_l1"}, BenchmarkError, "must be {type, pair, model, training, versus}"),
+        ({"type": "baseline", "pair": "h2_l1", "versus": "four_tensor"}, BenchmarkError, "must be a list of row names"),
+        (
+            {"type": "baseline", "pair": "h2_l1", "versus": ["no_such_row"]},
+            BenchmarkError,
+            "versus 'no_such_row' is not",
+        ),
+        ({"type": "baseline", "pair": "h2_l1", "versus": ["bad"]}, BenchmarkError, "versus 'bad' is not another row"),
         ({"type": "baseline", "pair": "h2_l1", "training": {"lr": 0.1}}, BenchmarkError, "not ['lr']"),
         (
             {"type": "baseline", "pair": "h2_l1", "training": {"label_smoothing_prior": "counts"}},
@@ -733,7 +740,12 @@ def test_seeds_train_every_row_once_per_seed_and_pair_the_differences(data_dir, 
             "training": {**TINY_PRESET["training"], "max_epochs": 1},
             "variants": {
                 "causal": {"type": "four_tensor", "pair": "h1_l1", "model": {"temporal_causal": True}},
-                "marker": {"type": "baseline", "pair": "h1_l1", "model": {"target_marker": True}},
+                "marker": {
+                    "type": "baseline",
+                    "pair": "h1_l1",
+                    "model": {"target_marker": True},
+                    "versus": ["causal", "four_tensor"],
+                },
             },
         },
     )
@@ -757,6 +769,11 @@ def test_seeds_train_every_row_once_per_seed_and_pair_the_differences(data_dir, 
     assert "four_tensor reference - causal" in paired
     marked = [v["val_last_ce"] for v in results["variants"] if v["variant"] == "marker"]
     assert paired["baseline reference - marker"]["differences"] == pytest.approx([b - m for b, m in zip(base, marked)])
+    causal = [v["val_last_ce"] for v in results["variants"] if v["variant"] == "causal"]
+    versus = paired["four_tensor causal - baseline marker"]["differences"]
+    assert versus == pytest.approx([c - m for c, m in zip(causal, marked)])
+    versus = paired["four_tensor reference - baseline marker"]["differences"]
+    assert versus == pytest.approx([f - m for f, m in zip(four, marked)])
     md = (out / "results.md").read_text()
     assert "## Over seeds" in md
     shared = next(line for line in md.splitlines() if line.startswith("Settings shared"))

@@ -38,3 +38,28 @@ def test_paired_rows_name_the_comparisons():
     rows = {r["comparison"]: r for r in paired_rows(runs)}
     assert rows["baseline - 4-tensor"]["differences"] == [0.5]
     assert rows["four_tensor reference - copy"]["differences"] == [0.5]
+
+
+def test_versus_pairs_a_variant_with_the_rows_it_names():
+    runs = [
+        {"pair": "p", "model_type": m, "variant": v, "seed": s, "val_last_ce": ce}
+        for m, v, s, ce in [
+            ("four_tensor", None, 0, 6.0),
+            ("four_tensor", None, 1, 6.2),
+            ("baseline", "smooth", 0, 5.9),
+            ("baseline", "smooth", 1, 6.4),
+            ("four_tensor", "smooth_4t", 0, 5.6),
+            ("four_tensor", "smooth_4t", 1, 5.7),
+        ]
+    ]
+    versus = {"smooth_4t": ["smooth", "baseline", "four_tensor"]}  # the baseline has no run: no row for it
+    rows = paired_rows(runs, versus)
+    assert [r["comparison"] for r in rows] == [
+        "four_tensor reference - smooth_4t",  # named twice (its own type), paired once
+        "baseline smooth - four_tensor smooth_4t",
+    ]
+    assert rows[1]["differences"] == pytest.approx([0.3, 0.7]) and (rows[1]["first"], rows[1]["second"]) == (
+        "smooth",
+        "smooth_4t",
+    )
+    assert rows[0]["differences"] == pytest.approx([0.4, 0.5])

@@ -6,7 +6,7 @@ both models share: d_x, d_t, dropout, N, T, the optimizer, the batch, the seed, 
 it checked as the spec
 
     {"name", "path", "pairs": {name: {"n_heads", "n_layers"}}, "model", "training",
-     "budget": {"train_subset", "max_minutes"}, "variants": {name: {"type", "pair", "model", "training"}},
+     "budget": {"train_subset", "max_minutes"}, "variants": {name: {"type", "pair", "model", "training", "versus"}},
      "seeds": [int] | None, "default_pairs": [pair] | None}
 
 The spec stays a plain mapping, not a dataclass like the model, training and pipeline settings: it is stored
@@ -30,7 +30,7 @@ PRESET_DIR = Path(__file__).resolve().parents[2] / "configs" / "benchmark"
 MODELS = ("four_tensor", "baseline")  # run order within a pair
 MODEL_LABELS = {"four_tensor": "4-tensor", "baseline": "baseline"}
 PRESET_SECTIONS = ("pairs", "model", "training", "budget", "variants", "seeds", "default_pairs")
-VARIANT_FIELDS = ("type", "pair", "model", "training")
+VARIANT_FIELDS = ("type", "pair", "model", "training", "versus")
 BUDGET_FIELDS = ("train_subset", "max_minutes")
 PAIR_FIELDS = ("n_heads", "n_layers")
 SHARED_MODEL_KEYS = ("d_x", "d_t", "n_heads", "n_layers", "n_tokens", "n_states", "dropout")
@@ -165,10 +165,10 @@ def check_variant(name: Any, v: Any, pairs: dict, path: Path) -> dict:
         raise BenchmarkError(f"{where}: a variant name is letters, digits, '_', '-' and '.' (it names the run folder)")
     if (
         not isinstance(v, dict)
-        or sorted(k for k in v if k not in ("model", "training")) != ["pair", "type"]
+        or sorted(k for k in v if k not in ("model", "training", "versus")) != ["pair", "type"]
         or any(k not in VARIANT_FIELDS for k in v)
     ):
-        raise BenchmarkError(f"{where} must be {{type, pair, model, training}}, got {v!r}")
+        raise BenchmarkError(f"{where} must be {{type, pair, model, training, versus}}, got {v!r}")
     if v["type"] not in MODELS:
         raise BenchmarkError(f"{where}: type {v['type']!r} is not one of {list(MODELS)}")
     if v["pair"] not in pairs:
@@ -188,14 +188,35 @@ def check_variant(name: Any, v: Any, pairs: dict, path: Path) -> dict:
             f"{where}: 'training' may only set {list(VARIANT_TRAINING_KEYS)}, not {shared}: a variant shares the "
             "optimiser, batch, schedule, stopping rule and seed with its reference"
         )
-    return {"type": v["type"], "pair": v["pair"], "model": dict(overrides), "training": dict(training)}
+    versus = v.get("versus") or []
+    if not isinstance(versus, list) or not all(isinstance(row, str) for row in versus):
+        raise BenchmarkError(f"{where}: 'versus' must be a list of row names (a model type or another variant)")
+    return {
+        "type": v["type"],
+        "pair": v["pair"],
+        "model": dict(overrides),
+        "training": dict(training),
+        "versus": list(versus),
+    }
 
 
 def check_variants(variants: Any, pairs: dict, path: Path) -> dict:
-    """The preset's `variants:` section, checked: {name: {"type", "pair", "model", "training": overrides}}."""
+    """The preset's `variants:` section, checked: {name: {"type", "pair", "model", "training": overrides,
+    "versus": rows}}. `versus` names further rows of the variant's pair (a model type, or another variant) that
+    the report pairs it with by seed, beside its reference: e.g. a 4-tensor variant against a baseline variant
+    trained with the same loss."""
     if not isinstance(variants, dict):
-        raise BenchmarkError(f"{path}: 'variants' must map variant names to {{type, pair, model, training}}")
-    return {name: check_variant(name, v, pairs, path) for name, v in variants.items()}
+        raise BenchmarkError(f"{path}: 'variants' must map variant names to {{type, pair, model, training, versus}}")
+    checked = {name: check_variant(name, v, pairs, path) for name, v in variants.items()}
+    for name, v in checked.items():
+        for row in v["versus"]:
+            other = checked.get(row)
+            if row == name or (row not in MODELS and (other is None or other["pair"] != v["pair"])):
+                raise BenchmarkError(
+                    f"{path}: variant {name!r}: versus {row!r} is not another row of pair {v['pair']!r} "
+                    f"(a model type {list(MODELS)} or a variant of that pair)"
+                )
+    return checked
 
 
 # ----- the run arguments, checked against the spec -----

@@ -152,7 +152,8 @@ def collect_results(results: dict, runs: list[Run], out: Path) -> None:
             results["attention_target"] = attn.target_check(results["attention"])
     every_run = results["runs"] + results.get("variants", [])
     results["seed_summary"] = seed_stats.summarise_rows(every_run)
-    results["paired"] = seed_stats.paired_rows(every_run)
+    versus = {name: v["versus"] for name, v in spec["variants"].items()}
+    results["paired"] = seed_stats.paired_rows(every_run, versus)
 
 
 def difference(a: float | None, b: float | None) -> float | None:

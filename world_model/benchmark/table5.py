@@ -14,11 +14,13 @@ one after the other, on the same training windows and the same validation window
 checkpoint with its own selection loss and stops by the rule of section 8.2 (or by the budget, which is
 then reported as such).
 
-Variants (issue 7). A preset may add a `variants:` section: name -> {type, pair, model}, one more run of
-the pair's model `type` with the `model` overrides (its attention form: the 4-tensor's qkv_form tucker and
-tucker_ranks, the baseline's attention gqa / mla / tucker and their sizes; the settings every run shares
-cannot be overridden). It trains after the pair's two runs into OUT/runs/<pair>_<type>_<name>/ and is
-compared with the pair's run of the same type, its reference; see world_model/benchmark/attention.py.
+Variants (issue 7). A preset may add a `variants:` section: name -> {type, pair, model, training, versus}, one
+more run of the pair's model `type` with the `model` overrides (e.g. its attention form: the 4-tensor's qkv_form
+tucker and tucker_ranks, the baseline's attention gqa / mla / tucker and their sizes) and `training` overrides of
+its loss only (the settings every run shares cannot be overridden). It trains after the pair's two runs into
+OUT/runs/<pair>_<type>_<name>/ and is compared with the pair's run of the same type, its reference (see
+world_model/benchmark/attention.py), and, paired by seed, with each row its `versus` list names (a model type or
+another variant of the pair).
 
 OUT receives
     runs/<pair>_<model>/   the training runs (see world_model/training/train.py)

@@ -104,13 +104,23 @@ def summarise_rows(runs: Iterable[dict]) -> list[dict]:
     return out
 
 
-def paired_rows(runs: Sequence[dict]) -> list[dict]:
+def named_row(by_key: dict[tuple, dict], pair: str, name: str) -> tuple | None:
+    """The key (pair, model type, variant) of `pair`'s row `name` in `by_key`: a model type names the pair's own
+    run of that type, anything else a variant; None while it has no finished run."""
+    if name in ("four_tensor", "baseline"):
+        return (pair, name, None) if (pair, name, None) in by_key else None
+    return next((key for key in by_key if key[0] == pair and key[2] == name), None)
+
+
+def paired_rows(runs: Sequence[dict], versus: dict[str, Sequence[str]] | None = None) -> list[dict]:
     """The paired comparisons of L_S(4), each "positive: the second-named row is lower":
     per pair, baseline - 4-tensor (the paper's comparison); per variant, its reference (the pair's run of the same
-    type) - the variant."""
+    type) - the variant, then each row that `versus` names for it (a model type or another variant's name) - the
+    variant."""
     by_key: dict[tuple, dict[int, float]] = {}
     for run in runs:
         by_key.setdefault(row_key(run), {})[run.get("seed")] = run.get("val_last_ce")
+    versus = versus or {}
     out = []
     for pair in dict.fromkeys(run["pair"] for run in runs):
         four, base = by_key.get((pair, "four_tensor", None)), by_key.get((pair, "baseline", None))
@@ -125,15 +135,24 @@ def paired_rows(runs: Sequence[dict]) -> list[dict]:
                 }
             )
         for (p, model_type, variant), values in by_key.items():
-            reference = by_key.get((p, model_type, None))
-            if p == pair and variant is not None and reference:
+            if p != pair or variant is None:
+                continue
+            for name in dict.fromkeys([model_type, *versus.get(variant, [])]):  # its reference first
+                first = named_row(by_key, pair, name)
+                if first is None:
+                    continue
+                comparison = (
+                    f"{model_type} reference - {variant}"
+                    if name == model_type
+                    else f"{first[1]} {first[2] or 'reference'} - {model_type} {variant}"
+                )
                 out.append(
                     {
                         "pair": pair,
-                        "comparison": f"{model_type} reference - {variant}",
-                        "first": model_type,
+                        "comparison": comparison,
+                        "first": name,
                         "second": variant,
-                        **paired_difference(reference, values),
+                        **paired_difference(by_key[first], values),
                     }
                 )
     return out
