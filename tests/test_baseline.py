@@ -288,6 +288,33 @@ def test_label_smoothing_towards_a_prior_mixes_gold_with_that_steps_distribution
     )
 
 
+def test_copy_smoothing_mixes_gold_with_the_steps_counts_and_a_copy_of_the_windows_context():
+    model = make_model(scale=0.5)
+    full = make_full(B=4, seed=8)
+    full[2, :T] = 0  # a window whose context is all padding: its copy share goes nowhere
+    run = model.free_run(full)
+    n_steps, vocab = run.packed.gold.shape[1], run.logits.shape[-1]
+    copy_mass = torch.linspace(0.1, 0.3, N + 1)  # (N + 1,)
+    prior = torch.softmax(torch.randn(N + 1, vocab, generator=torch.Generator().manual_seed(3)), -1)
+    prior = prior * (1 - copy_mass[:, None])  # with the copy share, one distribution a step
+    smooth = model.training_step(full, label_smoothing=0.3, smoothing_prior=prior, smoothing_copy=copy_mass)
+    copy = torch.zeros(len(full), vocab)  # (B, V) copy(v) by hand: v's share of the context's non-padding ids
+    for b in range(len(full)):
+        ids = [int(i) for i in full[b, :T].flatten() if i != 0]
+        for i in ids:
+            copy[b, i] += 1 / len(ids)
+    step = torch.arange(n_steps).clamp(max=N)  # (G,)
+    q = prior[step][None] + copy_mass[step][None, :, None] * copy[:, None, :]  # (B, G, V)
+    log_p = torch.log_softmax(run.logits, -1)  # (B, G, V)
+    active = torch.arange(n_steps)[None, :] < run.packed.gold_len[:, None]  # (B, G)
+    gold_term = -log_p.gather(-1, run.packed.gold[..., None])[..., 0][active]  # (K,)
+    target_term = -(q * log_p).sum(-1)[active]  # (K,)
+    torch.testing.assert_close(smooth.loss, (0.7 * gold_term + 0.3 * target_term).mean())
+    plain = model.training_step(full, label_smoothing=0.3, smoothing_prior=prior)  # the counts alone
+    assert not torch.allclose(plain.loss, smooth.loss)
+    torch.testing.assert_close(smooth.last_ce_sum, plain.last_ce_sum)  # the reported numbers stay plain
+
+
 def test_aligned_accuracy_counts_nothing_after_an_early_eos():
     tokens = torch.tensor([[4, 5, EOS, 7, 8, 9], [4, 6, 6, 7, 2, 2]])
     gold = torch.tensor([[4, 5, 6, 7, 8, EOS], [4, 5, 6, EOS, 0, 0]])

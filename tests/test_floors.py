@@ -114,6 +114,22 @@ def test_count_prior_is_the_position_unigram_times_the_chance_of_going_on_and_eo
         fl.count_prior(TRAIN, V, model_vocab, 3)
 
 
+def test_count_copy_prior_gives_the_copy_floors_weight_of_every_content_step_to_copying():
+    eos, model_vocab = 5, 7
+    w = fl.select_floors(TRAIN, V)["selection"]["position_unigram_copy"]["copy_weight"]
+    assert 0 < w < 1
+    prior, copy_mass = fl.count_copy_prior(TRAIN, V, model_vocab, eos)
+    plain = fl.count_prior(TRAIN, V, model_vocab, eos)
+    end = torch.tensor([0.0, 0.3, 1.0])
+    torch.testing.assert_close(prior[:, :V], (1 - w) * plain[:, :V])  # the position unigram, scaled by 1 - w
+    torch.testing.assert_close(prior[:, eos], end)  # [EOS] keeps the chance of ending
+    torch.testing.assert_close(copy_mass, w * (1 - end))  # the rest of each content step: copying
+    torch.testing.assert_close(prior.sum(-1) + copy_mass, torch.ones(3))
+    torch.testing.assert_close(fl.count_prior(TRAIN, V, model_vocab, eos, 0.0), plain)
+    with pytest.raises(ValueError, match=r"copy weight must be in \[0, 1\), got 1"):
+        fl.count_prior(TRAIN, V, model_vocab, eos, 1)
+
+
 def test_last_sentence_floor_counts_the_training_s4_slots_alone():
     # TRAIN's S(4)s are [3, pad] and [2, 4]: slot 0 holds 3 once and 2 once, slot 1 holds 4 once (ids 1..4).
     got = fl.last_sentence_floor(TRAIN, VAL, V)

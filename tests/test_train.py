@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from world_model.data.rocstories import CLOZE_COLUMNS, TRAIN_COLUMNS, DataError
 from world_model.evaluation.evaluate import main as evaluate_main
-from world_model.evaluation.floors import FLOORS, count_prior
+from world_model.evaluation.floors import FLOORS, count_copy_prior, count_prior
 from world_model.models.checkpoint import CheckpointError
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.registry import MODEL_TYPES, build_model, load_model, model_vocab_size
@@ -643,14 +643,24 @@ def test_label_smoothing_reaches_the_baseline_loss_and_is_refused_with_the_copy_
     train(config, data_dir, tmp_path / "smooth", progress=False)
     config["training"]["label_smoothing_prior"] = "counts"
     train(config, data_dir, tmp_path / "counts", progress=False)
-    runs = ("smooth", "plain", "counts")
+    config["training"]["label_smoothing_prior"] = "counts_copy"
+    train(config, data_dir, tmp_path / "counts_copy", progress=False)
+    runs = ("smooth", "plain", "counts", "counts_copy")
     weights = [load_file(tmp_path / run / "last" / "model" / "model.safetensors") for run in runs]
     assert any(not torch.equal(weights[0][k], weights[1][k]) for k in weights[1])
     assert any(not torch.equal(weights[0][k], weights[2][k]) for k in weights[2])  # counts, not uniform
+    assert any(not torch.equal(weights[2][k], weights[3][k]) for k in weights[3])  # the copy share reaches the loss
     with pytest.raises(ConfigError, match="label_smoothing_prior 'counts' needs training.label_smoothing > 0"):
         validate_config({"model": {"type": "baseline"}, "training": {"label_smoothing_prior": "counts"}})
-    with pytest.raises(ConfigError, match="training.label_smoothing_prior must be 'uniform' or 'counts'"):
+    with pytest.raises(ConfigError, match="label_smoothing_prior must be one of 'uniform', 'counts', 'counts_copy'"):
         TrainingConfig(label_smoothing=0.1, label_smoothing_prior="unigram")
+    with pytest.raises(ConfigError, match="'counts_copy' is for the flat baseline; a 'four_tensor' model"):
+        validate_config(
+            {
+                "model": {"type": "four_tensor"},
+                "training": {"label_smoothing": 0.1, "label_smoothing_prior": "counts_copy"},
+            }
+        )
     with pytest.raises(ConfigError, match="not defined for the copy path's mixture"):
         validate_config({"model": {"type": "four_tensor", "copy_path": True}, "training": {"label_smoothing": 0.1}})
     with pytest.raises(ConfigError, match=r"training.label_smoothing must be in \[0, 1\), got 1.0"):
@@ -660,13 +670,20 @@ def test_label_smoothing_reaches_the_baseline_loss_and_is_refused_with_the_copy_
 def test_the_count_prior_of_a_run_is_fitted_on_its_training_story_windows_alone():
     windows = torch.tensor([[[2, 3], [2, 0], [4, 3], [2, 3], [3, 0]], [[3, 2], [4, 4], [2, 0], [3, 3], [2, 4]]])
     model = build_model({"type": "baseline", "d_x": 4, "d_t": 2, "n_heads": 2, "n_layers": 1, "n_tokens": 2}, 5)
-    assert smoothing_prior(TrainingConfig(), windows, 5, model) is None
-    assert smoothing_prior(TrainingConfig(label_smoothing=0.2), windows, 5, model) is None  # uniform
-    counts = smoothing_prior(TrainingConfig(label_smoothing=0.2, label_smoothing_prior="counts"), windows, 5, model)
+    assert smoothing_prior(TrainingConfig(), windows, 5, model) == (None, None)
+    assert smoothing_prior(TrainingConfig(label_smoothing=0.2), windows, 5, model) == (None, None)  # uniform
+    counts, no_copy = smoothing_prior(
+        TrainingConfig(label_smoothing=0.2, label_smoothing_prior="counts"), windows, 5, model
+    )
     expected = count_prior(windows, 5, model.config.vocab_size, model.config.eos_id)
-    assert counts.shape == (3, model.config.vocab_size) and torch.equal(counts, expected)
+    assert counts.shape == (3, model.config.vocab_size) and torch.equal(counts, expected) and no_copy is None
+    copying = smoothing_prior(
+        TrainingConfig(label_smoothing=0.2, label_smoothing_prior="counts_copy"), windows, 5, model
+    )
+    for got, want in zip(copying, count_copy_prior(windows, 5, model.config.vocab_size, model.config.eos_id)):
+        assert torch.equal(got, want)
     four = build_model({"type": "four_tensor", "d_x": 4, "d_t": 2, "n_heads": 2, "n_layers": 1, "n_tokens": 2}, 5)
-    slots = smoothing_prior(TrainingConfig(label_smoothing=0.2, label_smoothing_prior="counts"), windows, 5, four)
+    slots, _ = smoothing_prior(TrainingConfig(label_smoothing=0.2, label_smoothing_prior="counts"), windows, 5, four)
     assert torch.equal(slots, count_prior(windows, 5, 5))  # no [EOS]: the position unigram of the token slots
     torch.testing.assert_close(slots[:, :5], counts[:2, :5] / counts[:2, :5].sum(-1, keepdim=True))
 

@@ -23,7 +23,9 @@ say where S(4) ends and knows only that rate pays the mean of -log(1 - h_n) over
 
 Count prior (`count_prior`). What a count predicts at each step of a sentence written free-running, [EOS] included:
 the position unigram (alpha chosen as in `select_floors`) times the chance that a training sentence goes on past the
-slot, and [EOS] with the chance that it ends there. The target of training.label_smoothing_prior "counts".
+slot, and [EOS] with the chance that it ends there. The target of training.label_smoothing_prior "counts". With the
+copy floor's weight w (`count_copy_prior`), a share w of every content step goes to copying the window's context
+instead: the target of training.label_smoothing_prior "counts_copy".
 
 Last-sentence floor (`last_sentence_floor`). The floors count all five sentences of a window; the flat baseline is
 trained on the tokens of S(4) alone (section 7.4). The position unigram counted on the training S(4) slots only is what
@@ -193,7 +195,11 @@ def count_end_cost(train_windows: torch.Tensor, windows: torch.Tensor) -> float:
 
 
 def count_prior(
-    train_windows: torch.Tensor, vocab_size: int, model_vocab: int, eos_id: int | None = None
+    train_windows: torch.Tensor,
+    vocab_size: int,
+    model_vocab: int,
+    eos_id: int | None = None,
+    copy_weight: float = 0.0,
 ) -> torch.Tensor:
     """q, what counting predicts at each step of a sentence, float32: (N + 1, model_vocab) for a writer with an
     [EOS] id (step k = 0..N of a free-running sentence), (N, model_vocab) the position unigram alone without one
@@ -203,8 +209,11 @@ def count_prior(
     `eos_id`, where end_k = #(sentences ending at k) / #(sentences reaching k) over every sentence of
     `train_windows` (S, 5, N); row N (a sentence that filled every slot) is [EOS] alone. The unigram's alpha is
     chosen on a held-out slice of `train_windows` (`best_alpha`) and the table refitted on them all; nothing else
-    is read. Every row sums to 1.
+    is read. Every row sums to 1, or with a `copy_weight` w in (0, 1) the position unigram is scaled by 1 - w and
+    row k sums to 1 - w (1 - end_k): the rest is what `count_copy_prior` gives to copying the window's context.
     """
+    if not 0 <= copy_weight < 1:
+        raise ValueError(f"copy weight must be in [0, 1), got {copy_weight}")
     check_windows(train_windows, vocab_size, "training windows")
     if eos_id is not None and not vocab_size <= eos_id < model_vocab:
         raise ValueError(f"[EOS] id {eos_id} must lie in [{vocab_size}, {model_vocab}): past the sentence vocabulary")
@@ -213,7 +222,7 @@ def count_prior(
     n = train_windows.shape[2]
     fit, held = split_heldout(train_windows)
     alpha, _ = best_alpha("position_unigram", slot_counts(fit, vocab_size), held)
-    table = CountFloor.fit("position_unigram", slot_counts(train_windows, vocab_size), alpha).table  # (N, V)
+    table = (1 - copy_weight) * CountFloor.fit("position_unigram", slot_counts(train_windows, vocab_size), alpha).table
     if eos_id is None:
         prior = torch.zeros(n, model_vocab, dtype=torch.float64)
         prior[:, :vocab_size] = table
@@ -225,6 +234,21 @@ def count_prior(
     prior[:, eos_id] = end
     prior[n, eos_id] = 1.0
     return prior.float()
+
+
+def count_copy_prior(
+    train_windows: torch.Tensor, vocab_size: int, model_vocab: int, eos_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the position-unigram + copy floor predicts at each step of a free-running sentence, [EOS] included:
+    (prior (N + 1, model_vocab), copy_mass (N + 1,)), float32. The copy weight w is the copy floor's, chosen on the
+    held-out slice of `train_windows` (`select_floors`). Row k of `prior` is `count_prior` with that w, and
+    copy_mass[k] = w (1 - end_k) is the share of step k that goes to copy(v), the share of v among the non-padding
+    tokens of the window's context S(0..3); the two add up to 1 at every step. The target of
+    training.label_smoothing_prior "counts_copy"."""
+    w = select_floors(train_windows, vocab_size)["selection"]["position_unigram_copy"]["copy_weight"]
+    ends, reaching = sentence_end_counts(train_windows)
+    end = ends / reaching.clamp(min=1)  # (N + 1,)
+    return count_prior(train_windows, vocab_size, model_vocab, eos_id, w), (w * (1 - end)).float()
 
 
 def last_sentence_floor(train_windows: torch.Tensor, val_windows: torch.Tensor, vocab_size: int) -> dict:

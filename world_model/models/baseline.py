@@ -404,12 +404,34 @@ class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):
         q = prior[steps.clamp(max=len(prior) - 1)]  # (K, V)
         return logits.logsumexp(-1) - (q * logits).sum(-1)
 
+    def copy_smoothing_cross_entropy(
+        self,
+        logits: torch.Tensor,
+        steps: torch.Tensor,
+        context: torch.Tensor,
+        prior: torch.Tensor,
+        copy_mass: torch.Tensor,
+    ) -> torch.Tensor:
+        """The cross-entropy of each row of `logits` (K, V) against q = prior[k] + copy_mass[k] copy, (K,), where
+        copy(v) is the share of v among the non-padding ids of the row's `context` (K, C) and `prior` (N + 1, V)
+        and `copy_mass` (N + 1,) add up to one distribution at every step k (`steps` (K,);
+        `world_model.evaluation.floors.count_copy_prior`). A row whose context is all padding puts its copy mass
+        nowhere (q then sums to less than 1): lse sum(q) - q . logits."""
+        k = steps.clamp(max=len(prior) - 1)
+        live = context != self.config.padding_idx  # (K, C)
+        n_live = live.sum(-1)  # (K,)
+        mass = torch.where(n_live > 0, copy_mass[k], 0.0)  # (K,)
+        copied = (logits.gather(1, context) * live).sum(-1) / n_live.clamp(min=1)  # (K,) mean logit of the context
+        q = prior[k]  # (K, V)
+        return logits.logsumexp(-1) * (q.sum(-1) + mass) - (q * logits).sum(-1) - mass * copied
+
     def training_step(
         self,
         token_ids_full: torch.Tensor,
         use_cache: bool = True,
         label_smoothing: float = 0.0,
         smoothing_prior: torch.Tensor | None = None,
+        smoothing_copy: torch.Tensor | None = None,
     ) -> StepStats:
         """A stored window (B, T+1, N) -> the free-running selection loss and the statistics on S(T).
 
@@ -418,7 +440,9 @@ class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):
         4-tensor last slice is scored on. last_correct follows `aligned_correct`. A `label_smoothing` e > 0
         (not in the paper; training.label_smoothing) makes `loss` the cross-entropy against (1 - e) gold + e
         uniform over the vocabulary, or + e smoothing_prior[k] at step k (training.label_smoothing_prior "counts";
-        `smoothing_prior` (N + 1, V), see `smoothing_cross_entropy`); the statistics stay the plain cross-entropy.
+        `smoothing_prior` (N + 1, V), see `smoothing_cross_entropy`), and with `smoothing_copy` (N + 1,) ("counts_copy")
+        + e smoothing_copy[k] copy, copy the share of each id among the tokens of the window's S(0..T-1)
+        (`copy_smoothing_cross_entropy`); the statistics stay the plain cross-entropy.
         """
         run = self.free_run(token_ids_full, use_cache)
         gold = run.packed.gold
@@ -430,7 +454,14 @@ class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):
         loss_sum = ce.sum()
         if label_smoothing > 0:
             steps = torch.arange(gold.shape[1], device=gold.device).expand_as(gold)[active]  # (K,) step k of each row
-            smoothed = self.smoothing_cross_entropy(logits, steps, smoothing_prior).sum()
+            if smoothing_copy is None:
+                smoothed = self.smoothing_cross_entropy(logits, steps, smoothing_prior).sum()
+            else:
+                context = token_ids_full[:, :-1].flatten(1)  # (B, T * N) the ids of S(0..T-1)
+                rows = torch.arange(len(gold), device=gold.device)[:, None].expand_as(gold)[active]  # (K,) window b
+                smoothed = self.copy_smoothing_cross_entropy(
+                    logits, steps, context[rows], smoothing_prior, smoothing_copy
+                ).sum()
             loss_sum = (1 - label_smoothing) * loss_sum + label_smoothing * smoothed
         return StepStats(
             loss=loss_sum / window_tokens,

@@ -25,6 +25,7 @@ import yaml
 from world_model.models.registry import DATA_FIELDS, DEFAULT_MODEL_TYPE, MODEL_TYPES
 
 SECTIONS = ("model", "training")
+SMOOTHING_PRIORS = ("uniform", "counts", "counts_copy")  # training.label_smoothing_prior
 
 
 class ConfigError(ValueError):
@@ -75,7 +76,9 @@ class TrainingConfig:
     plain cross-entropy. `label_smoothing_prior` "counts" smooths towards what counting predicts instead of
     uniform (the prior variant of Pereyra et al. 2017): the target is (1 - e) gold + e q, q the position unigram of
     the run's training windows at the token's slot, and for the flat baseline, which writes [EOS], with the chance
-    that a sentence ends there (`world_model.evaluation.floors.count_prior`)."""
+    that a sentence ends there (`world_model.evaluation.floors.count_prior`). "counts_copy" (flat baseline only)
+    smooths towards the position-unigram + copy floor instead: the copy floor's weight w of every content step
+    goes to the tokens of the window's context S(0..T-1) (`world_model.evaluation.floors.count_copy_prior`)."""
 
     lr: float = 3e-4
     weight_decay: float = 0.01
@@ -96,7 +99,7 @@ class TrainingConfig:
     target_sentences: str = "last"  # "last": S(T) only (section 7.4); "all": S(1..T), flat baseline only
     adam_eps: float = 1e-8  # AdamW's epsilon (torch's default)
     label_smoothing: float = 0.0  # 0: the paper's cross-entropy; e in (0, 1): (1 - e) gold + e uniform (or prior)
-    label_smoothing_prior: str = "uniform"  # what e's share of the target is: "uniform" or "counts" (count_prior)
+    label_smoothing_prior: str = "uniform"  # what e's share of the target is: "uniform", "counts" or "counts_copy"
 
     def __post_init__(self) -> None:
         """Coerce every field to its type (an int or a numeric string is a float) and check its range: a ConfigError
@@ -122,7 +125,10 @@ class TrainingConfig:
             "target_sentences": (self.target_sentences in ("last", "all"), "'last' or 'all'"),
             "adam_eps": (self.adam_eps > 0, "> 0"),
             "label_smoothing": (0 <= self.label_smoothing < 1, "in [0, 1)"),
-            "label_smoothing_prior": (self.label_smoothing_prior in ("uniform", "counts"), "'uniform' or 'counts'"),
+            "label_smoothing_prior": (
+                self.label_smoothing_prior in SMOOTHING_PRIORS,
+                "one of " + ", ".join(repr(p) for p in SMOOTHING_PRIORS),
+            ),
         }
         for name, (holds, wants) in allowed.items():
             if not holds:
@@ -209,6 +215,11 @@ def validate_config(config: Any, source: str = "config") -> dict:
     if training["label_smoothing"] > 0 and model.get("copy_path"):
         raise ConfigError(
             f"{source}: training.label_smoothing is not defined for the copy path's mixture (model.copy_path)"
+        )
+    if training["label_smoothing_prior"] == "counts_copy" and model["type"] != "baseline":
+        raise ConfigError(
+            f"{source}: training.label_smoothing_prior 'counts_copy' is for the flat baseline; a {model['type']!r} "
+            "model's targets S(1..T-1) are in its input, so copying the input would be copying the answer"
         )
     if training["label_smoothing_prior"] != "uniform" and training["label_smoothing"] == 0:
         raise ConfigError(

@@ -109,21 +109,30 @@ def deterministic_algorithms():
 class StepModule(nn.Module):
     """Routes forward() to `model.training_step`, so DistributedDataParallel sees the call that builds the graph.
     A `label_smoothing` above 0 is passed on with its `smoothing_prior` ((N + 1, V) for the flat baseline, (N, V)
-    for the 4-tensor model, None for uniform; see TrainingConfig); the prior is a buffer, so it moves to the
-    model's device."""
+    for the 4-tensor model, None for uniform; see TrainingConfig) and, for the flat baseline's "counts_copy" prior,
+    its `smoothing_copy` ((N + 1,): each step's share for copying the context); both are buffers, so they move to
+    the model's device."""
 
-    def __init__(self, model: nn.Module, label_smoothing: float = 0.0, smoothing_prior: torch.Tensor | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        label_smoothing: float = 0.0,
+        smoothing_prior: torch.Tensor | None = None,
+        smoothing_copy: torch.Tensor | None = None,
+    ):
         super().__init__()
         self.model = model
         self.label_smoothing = label_smoothing
         self.register_buffer("smoothing_prior", smoothing_prior, persistent=False)
+        self.register_buffer("smoothing_copy", smoothing_copy, persistent=False)
 
     def forward(self, windows: torch.Tensor):
-        if self.label_smoothing > 0:
-            return self.model.training_step(
-                windows, label_smoothing=self.label_smoothing, smoothing_prior=self.smoothing_prior
-            )
-        return self.model.training_step(windows)
+        if self.label_smoothing == 0:
+            return self.model.training_step(windows)
+        smoothing = {"label_smoothing": self.label_smoothing, "smoothing_prior": self.smoothing_prior}
+        if self.smoothing_copy is not None:
+            smoothing["smoothing_copy"] = self.smoothing_copy
+        return self.model.training_step(windows, **smoothing)
 
 
 @dataclass
@@ -154,17 +163,21 @@ def prepare(
     train_windows: torch.Tensor,
     val_windows: torch.Tensor,
     smoothing_prior: torch.Tensor | None = None,
+    smoothing_copy: torch.Tensor | None = None,
 ) -> Trainer:
     """AdamW on `model`, and the batches of this process (sharded here, not by accelerator.prepare: see
-    ProcessBatches; batches are moved to the device in `run_epoch`). `smoothing_prior`: the target of label
-    smoothing with training.label_smoothing_prior "counts" (see StepModule; None: uniform)."""
+    ProcessBatches; batches are moved to the device in `run_epoch`). `smoothing_prior` and `smoothing_copy`: the
+    target of label smoothing with training.label_smoothing_prior "counts" or "counts_copy" (see StepModule and
+    `world_model.training.train.smoothing_prior`; None: uniform)."""
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay, eps=config.adam_eps
     )
     sampler = EpochOrderSampler(len(train_windows), config.seed)
     batches = ProcessBatches(sampler, config.batch_size, accelerator.num_processes, accelerator.process_index)
     loader = DataLoader(WindowDataset(train_windows), collate_fn=stack_batch, batch_sampler=batches)
-    step_module, optimizer = accelerator.prepare(StepModule(model, config.label_smoothing, smoothing_prior), optimizer)
+    step_module, optimizer = accelerator.prepare(
+        StepModule(model, config.label_smoothing, smoothing_prior, smoothing_copy), optimizer
+    )
     val_shard = val_windows[accelerator.process_index :: accelerator.num_processes]
     return Trainer(accelerator, config, step_module, optimizer, sampler, loader, train_windows, val_shard)
 

@@ -34,7 +34,7 @@ import torch
 
 from world_model.data.rocstories import DataError
 from world_model.data.synthetic.sentences import data_kind, known_sentences
-from world_model.evaluation.floors import count_prior
+from world_model.evaluation.floors import count_copy_prior, count_prior
 from world_model.models.checkpoint import CheckpointError
 from world_model.models.registry import build_model, count_parameters, model_vocab_size
 from world_model.text.vocab import Vocabulary
@@ -207,13 +207,20 @@ def train_epochs(
     return reason
 
 
-def smoothing_prior(tc: TrainingConfig, windows: torch.Tensor, vocab_size: int, model) -> torch.Tensor | None:
-    """The target of label smoothing with training.label_smoothing_prior "counts", fitted on the training `windows`
-    (S, T+1, N) alone (`count_prior`): (N + 1, V) for the flat baseline, whose steps include [EOS], (N, V) for the
-    4-tensor model's token slots; None for no smoothing or uniform smoothing."""
+def smoothing_prior(
+    tc: TrainingConfig, windows: torch.Tensor, vocab_size: int, model
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The target of label smoothing, fitted on the training `windows` (S, T+1, N) alone: (prior, copy_mass).
+
+    training.label_smoothing_prior "counts": prior = `count_prior`, (N + 1, V) for the flat baseline, whose steps
+    include [EOS], (N, V) for the 4-tensor model's token slots; "counts_copy" (flat baseline): `count_copy_prior`,
+    whose copy_mass (N + 1,) is each step's share for copying the window's context. (None, None) for no smoothing
+    or uniform smoothing; copy_mass is None but for "counts_copy"."""
     if tc.label_smoothing == 0 or tc.label_smoothing_prior == "uniform":
-        return None
-    return count_prior(windows, vocab_size, model.config.vocab_size, getattr(model.config, "eos_id", None))
+        return None, None
+    if tc.label_smoothing_prior == "counts_copy":
+        return count_copy_prior(windows, vocab_size, model.config.vocab_size, model.config.eos_id)
+    return count_prior(windows, vocab_size, model.config.vocab_size, getattr(model.config, "eos_id", None)), None
 
 
 def epoch_line(record: dict) -> str:
@@ -270,8 +277,8 @@ def train(
         if resume and state_dir is None:
             say(f"note: {out} holds no completed epoch to resume; starting a new run")
         resumed = resume_run(out, state_dir if resume else None, model, data, data_dir, accelerator, say)
-        prior = smoothing_prior(tc, story_windows, len(data.vocab), model)
-        trainer = prepare(accelerator, model, tc, data.train_windows, data.val_windows, prior)
+        prior, copy_mass = smoothing_prior(tc, story_windows, len(data.vocab), model)
+        trainer = prepare(accelerator, model, tc, data.train_windows, data.val_windows, prior, copy_mass)
         if resumed is not None:
             trainer.optimizer.load_state_dict(resumed.optimizer_state)
             checkpoints.restore_rng(*resumed.rng)
