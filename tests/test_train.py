@@ -4,6 +4,7 @@ import copy
 import csv
 import json
 import math
+import os
 import random
 import signal
 import subprocess
@@ -315,6 +316,46 @@ def test_sigterm_mid_epoch_leaves_the_last_epoch_resumable(data_dir, tmp_path):
     assert "continue with --resume" in output
     assert json.loads((out / "last/state.json").read_text())["epoch"] >= 1
     assert not list(out.glob(".last.tmp-*")) and not (out / "summary.json").exists()
+
+
+def test_signals_held_raise_once_the_block_ends_and_restore_the_handlers():
+    saved = []
+    with loop.sigterm_as_interrupt():
+        term_handler = signal.getsignal(signal.SIGTERM)
+        with pytest.raises(loop.TrainingInterrupted):
+            with loop.signals_held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)  # the handler has run by now: the block goes on
+                saved.append("epoch")
+        assert saved == ["epoch"] and signal.getsignal(signal.SIGTERM) is term_handler
+    with pytest.raises(KeyboardInterrupt):
+        with loop.signals_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            saved.append("again")
+    assert saved == ["epoch", "again"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with loop.signals_held():  # no signal: nothing raised
+        saved.append("quiet")
+    assert saved[-1] == "quiet"
+
+
+def test_sigterm_during_the_save_of_an_epoch_finishes_that_save(data_dir, tmp_path, monkeypatch, capsys):
+    save_epoch = train_mod.checkpoints.save_epoch
+
+    def signalled_save(*args):
+        os.kill(os.getpid(), signal.SIGTERM)  # as a supervisor would, while curves.png is drawn
+        time.sleep(0.05)
+        save_epoch(*args)
+
+    monkeypatch.setattr(train_mod.checkpoints, "save_epoch", signalled_save)
+    out = tmp_path / "held"
+    with pytest.raises(loop.TrainingInterrupted):
+        train(copy.deepcopy(TINY), data_dir, out, max_epochs=3, progress=False)
+    assert "interrupted after epoch 1" in capsys.readouterr().out
+    assert json.loads((out / "last/state.json").read_text())["epoch"] == 1 and (out / "curves.png").is_file()
+    monkeypatch.undo()
+    summary = train(copy.deepcopy(TINY), data_dir, out, max_epochs=2, resume=True, progress=False)
+    assert (summary["last_epoch"], summary["resumed_from_epoch"]) == (2, 1)
 
 
 # ----- refusals and bad input -----

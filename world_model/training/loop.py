@@ -85,6 +85,30 @@ def sigterm_as_interrupt():
 
 
 @contextlib.contextmanager
+def signals_held():
+    """Inside the block Ctrl-C (SIGINT) and SIGTERM wait: the first one that arrives is raised as the block ends
+    (KeyboardInterrupt, or what the SIGTERM handler outside the block raises), so the block's work, such as the
+    save of an epoch, is never cut in half. An exception raised at an arbitrary point can also land inside an
+    import, where Python turns it into a RuntimeError. Only in the main thread, where handlers can be set."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {signum: signal.signal(signum, lambda signum, frame: arrived.append(signum)) for signum in held}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if arrived:
+        handler = previous[arrived[0]]
+        if callable(handler):
+            handler(arrived[0], None)
+        raise KeyboardInterrupt(f"signal {arrived[0]}")
+
+
+@contextlib.contextmanager
 def deterministic_algorithms():
     """torch.use_deterministic_algorithms(True) for the block, the previous setting restored afterwards.
 

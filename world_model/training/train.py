@@ -48,6 +48,7 @@ from world_model.training.loop import (
     deterministic_algorithms,
     prepare,
     run_epoch,
+    signals_held,
     sigterm_as_interrupt,
     stop_reason,
 )
@@ -193,8 +194,9 @@ def train_epochs(
             if accelerator.is_main_process:
                 state = {"train_windows": len(data.train_windows), "stop_reason": reason}
                 model, optimizer = trainer.model, trainer.optimizer
-                checkpoints.save_epoch(out, model, optimizer, data.vocab, data.known, history, best_epoch, state)
-                saved_epoch = epoch
+                with signals_held():  # a signal during the save is raised once the epoch is saved
+                    checkpoints.save_epoch(out, model, optimizer, data.vocab, data.known, history, best_epoch, state)
+                    saved_epoch = epoch
             accelerator.wait_for_everyone()
             say(epoch_line(record) + ("  *best*" if best_epoch == epoch else ""))
     except KeyboardInterrupt:
