@@ -1,4 +1,4 @@
-"""Count floors (world_model/evaluation/floors.py) against values computed by hand, and their selection on training data only."""
+"""Count floors (world_model/evaluation/floors/) against values computed by hand, and their selection on training data only."""
 
 import math
 from fractions import Fraction
@@ -39,7 +39,7 @@ def by_hand(name: str, context: list[list[int]], slot: int, v: int) -> Fraction:
     return p
 
 
-@pytest.mark.parametrize("name", fl.FLOORS)
+@pytest.mark.parametrize("name", fl.TABLE_FLOORS)
 def test_floors_match_hand_computed_values(name):
     floor = fl.CountFloor.fit(
         name, fl.slot_counts(TRAIN, V), float(ALPHA), float(WEIGHT) if name.endswith("copy") else 0.0
@@ -213,3 +213,122 @@ def test_selection_reads_training_windows_only_and_minimises_the_heldout_loss():
 def test_bad_input_is_a_clear_error(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def naive_cooccurrence(windows: torch.Tensor) -> dict[tuple[int, int], int]:
+    """A[c, v] by loops: v in sentence j = 1..4, c a distinct non-padding id of the sentences before j."""
+    counts: dict[tuple[int, int], int] = {}
+    for window in windows.tolist():
+        for j in range(1, 5):
+            before = {c for sentence in window[:j] for c in sentence if c}
+            for v in window[j]:
+                for c in before if v else ():
+                    counts[c, v] = counts.get((c, v), 0) + 1
+    return counts
+
+
+def test_cooccurrence_counts_spelled_out():
+    # S(1) [2] follows {2, 3}; S(2) [4] follows {2, 3}; S(3) is empty; S(4) [3] follows {2, 3, 4}
+    window = torch.tensor([[[2, 3], [2, 0], [4, 0], [0, 0], [3, 0]]])
+    got = fl.cooccurrence_counts(window, V).to_dense()
+    expected = torch.zeros(V, V, dtype=torch.float64)
+    for c, v in [(2, 2), (3, 2), (2, 4), (3, 4), (2, 3), (3, 3), (4, 3)]:
+        expected[c, v] = 1
+    assert torch.equal(got, expected)
+    pairs = fl.cooccurrence_counts(TRAIN, V).to_dense()
+    assert {(c, v): int(pairs[c, v]) for c, v in pairs.nonzero().tolist()} == naive_cooccurrence(TRAIN)
+
+
+def cooccurrence_by_hand(context: list[list[int]], slot: int, m: Fraction, beta: int, w: Fraction) -> dict:
+    """p(v at slot | context) of the co-occurrence floor for ids 1..4, with exact fractions (beta an integer)."""
+    pairs = naive_cooccurrence(TRAIN)
+    column = {v: sum(n for (_, u), n in pairs.items() if u == v) for v in range(1, V)}
+    u = {v: Fraction(column[v] + 1, sum(column.values()) + V - 1) for v in range(1, V)}
+    row = {c: sum(n for (d, _), n in pairs.items() if d == c) for c in range(1, V)}
+    bag = sorted({c for sentence in context for c in sentence if c})
+    t = {v: sum((pairs.get((c, v), 0) + m * u[v]) / (row[c] + m) for c in bag) / len(bag) for v in range(1, V)}
+    counts = SLOT_COUNTS[slot]
+    p_pos = {v: (counts[v] + ALPHA) / (sum(counts.values()) + 4 * ALPHA) for v in range(1, V)}
+    q = {v: p_pos[v] * (t[v] / u[v]) ** beta for v in range(1, V)}
+    tokens = [c for sentence in context for c in sentence if c]
+    return {v: (1 - w) * q[v] / sum(q.values()) + w * Fraction(tokens.count(v), len(tokens)) for v in range(1, V)}
+
+
+@pytest.mark.parametrize("beta", [1, 2])
+def test_cooccurrence_floor_matches_hand_computed_values(beta):
+    m = Fraction(3)
+    position = fl.CountFloor.fit("position_unigram", fl.slot_counts(TRAIN, V), float(ALPHA))
+    floor = fl.CooccurrenceFloor(position, fl.cooccurrence_counts(TRAIN, V), float(m), float(beta), float(WEIGHT))
+    log_sum, correct, tokens = 0.0, 0, 0
+    for s, window in enumerate(VAL.tolist()):
+        probs = [cooccurrence_by_hand(window[:4], slot, m, beta, WEIGHT) for slot in range(2)]
+        got = floor.token_probs(VAL[s : s + 1, :4], torch.tensor([[1, 2]]))
+        assert got[0, 0].item() == pytest.approx(float(probs[0][1]), rel=1e-12)  # id 1 at slot 0
+        assert got[0, 1].item() == pytest.approx(float(probs[1][2]), rel=1e-12)  # id 2 at slot 1
+        for slot, v in enumerate(window[4]):
+            assert sum(probs[slot].values()) == 1
+            if v:
+                log_sum += math.log(probs[slot][v])
+                correct += max(probs[slot], key=probs[slot].get) == v
+                tokens += 1
+    metrics = fl.floor_metrics(floor, VAL)
+    assert metrics["last_ce"] == pytest.approx(-log_sum / tokens, rel=1e-12)
+    assert metrics["token_accuracy"] == correct / tokens
+
+
+def test_cooccurrence_floor_without_context_is_the_position_unigram():
+    position = fl.CountFloor.fit("position_unigram", fl.slot_counts(TRAIN, V), 0.5)
+    floor = fl.CooccurrenceFloor(position, fl.cooccurrence_counts(TRAIN, V), 10.0, 1.0, 0.3)
+    empty, target = torch.zeros(1, 4, 2, dtype=torch.long), torch.tensor([[2, 3]])
+    torch.testing.assert_close(floor.token_probs(empty, target), position.token_probs(empty, target))
+    assert torch.equal(floor.predictions(empty), position.predictions(empty))
+    assert floor.token_log_probs(empty, torch.tensor([[2, 0]]))[0, 1] == 0  # padding target: not scored
+
+
+def test_cooccurrence_selection_minimises_the_heldout_loss_and_refits_on_all_windows():
+    train = random_windows(0, 40)
+    fit, held = train[:36], train[36:]
+    chosen = fl.select_floors(train, 12)
+    got = chosen["selection"]["cooccurrence_copy"]
+    alpha = chosen["selection"]["position_unigram"]["alpha"]
+    position = fl.CountFloor.fit("position_unigram", fl.slot_counts(fit, 12), alpha)
+    counts = fl.cooccurrence_counts(fit, 12)
+    scores = {
+        (m, b, w): fl.floor_metrics(fl.CooccurrenceFloor(position, counts, m, b, w), held, accuracy=False)["last_ce"]
+        for m in fl.STRENGTHS
+        for b in fl.BETAS
+        for w in fl.COPY_WEIGHTS
+    }
+    best = min(scores.values())
+    assert got["heldout_last_ce"] == pytest.approx(best, rel=1e-12)
+    assert scores[got["strength"], got["beta"], got["copy_weight"]] == pytest.approx(best, rel=1e-12)
+    assert got["alpha"] == alpha
+    floor = chosen["floors"]["cooccurrence_copy"]
+    assert torch.equal(floor.counts.to_dense(), fl.cooccurrence_counts(train, 12).to_dense())
+    assert torch.equal(floor.table, fl.CountFloor.fit("position_unigram", fl.slot_counts(train, 12), alpha).table)
+    assert (
+        fl.floor_settings(got)
+        == f"alpha {alpha:g}, copy {got['copy_weight']:g}, m {got['strength']:g}, beta {got['beta']:g}"
+    )
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"strength": 0.0}, "strength and beta must be > 0"),
+        ({"beta": -1.0}, "strength and beta must be > 0"),
+        ({"copy_weight": 1.0}, r"copy weight in \[0, 1\)"),
+        ({"position": fl.CountFloor.fit("unigram", fl.slot_counts(TRAIN, V), 0.5)}, "rescales the position unigram"),
+        ({"counts": torch.zeros(V, V)}, r"counts must be a sparse \(5, 5\) tensor"),
+    ],
+)
+def test_cooccurrence_floor_rejects_bad_settings(change, message):
+    settings = {
+        "position": fl.CountFloor.fit("position_unigram", fl.slot_counts(TRAIN, V), 0.5),
+        "counts": fl.cooccurrence_counts(TRAIN, V),
+        "strength": 10.0,
+        "beta": 1.0,
+        "copy_weight": 0.2,
+    }
+    with pytest.raises(ValueError, match=message):
+        fl.CooccurrenceFloor(**{**settings, **change})

@@ -12,6 +12,7 @@ from world_model.benchmark.paper import PAPER_REPORTED, PAPER_VOCAB_SIZE
 from world_model.benchmark.preset import MODEL_LABELS
 from world_model.benchmark.runs import FIGURE
 from world_model.evaluation import story_cloze as sc
+from world_model.evaluation.floors import floor_settings
 
 
 # ----- formatting -----
@@ -252,15 +253,15 @@ def floor_markdown_lines(results: dict) -> list[str]:
         "## Count floors (training data only)",
         "",
         f"Count predictors of S(4)'s tokens fitted on the same {floors['train_windows']} training windows as the runs; "
-        f"smoothing and copy weight chosen on the last {sel['heldout_windows']} of them (held out, {sel['heldout_fraction']:g}), "
-        "then refitted on all; scored on the validation tokens of the table above (world_model/evaluation/floors.py).",
+        f"their settings chosen on the last {sel['heldout_windows']} of them (held out, {sel['heldout_fraction']:g}), "
+        "then refitted on all; scored on the validation tokens of the table above (world_model/evaluation/floors/).",
         "",
-        "| floor | alpha | copy weight | held-out L_S(4) | L_S(4) | token acc. | perplexity |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| floor | settings | held-out L_S(4) | L_S(4) | token acc. | perplexity |",
+        "|---|---|---:|---:|---:|---:|",
     ]
     for f in floors["rows"]:
         lines.append(
-            f"| {f['floor']} | {f['alpha']:g} | {f['copy_weight']:g} | {f['heldout_last_ce']:.4f} | {f['val_last_ce']:.4f} | "
+            f"| {f['floor']} | {floor_settings(f)} | {f['heldout_last_ce']:.4f} | {f['val_last_ce']:.4f} | "
             f"{f['val_token_accuracy']:.4f} | {math.exp(f['val_last_ce']):.1f} |"
         )
     position = next(f["val_last_ce"] for f in floors["rows"] if f["floor"] == "position_unigram")

@@ -330,7 +330,7 @@ def plot_ls4_panel(ax: Any, pair: str, rows: list[dict], colors: dict[tuple, str
         key = (r["model_type"], r.get("variant"))
         plot_ls4_curve(ax, r, colors[key], seeds.pop(key, None))  # the row's first curve names it in the legend
         ax.set_title(f"{pair}: H = {r['n_heads']}, L = {r['n_layers']}")
-    for f, style in zip(floors, (":", "--", "-.")):
+    for f, style in zip(floors, (":", "--", "-.", (0, (5, 1, 1, 1, 1, 1)))):
         ax.axhline(
             f["val_last_ce"],
             color="gray",

@@ -7,7 +7,7 @@ For every learning rate and both model types of the pair, one run with the prese
 the last `--holdout` training stories (`training.holdout_stories`) and trained on the first `--train-subset` of
 the others; the warm-up + cosine schedule spans the run (schedule_epochs = max_epochs). The chosen rate is the one
 with the lowest mean, over the two models, of the held-out L_S(4) at each run's selected epoch: one rate for both
-models, as the benchmark needs. The count floors (world_model/evaluation/floors.py), fitted on the runs' training
+models, as the benchmark needs. The count floors (world_model/evaluation/floors/), fitted on the runs' training
 stories and measured on the same held-out tokens, are reported beside them. OUT gets runs/<model>_lr<rate>/
 (training runs; `--resume` skips finished ones and continues interrupted ones), results.json and results.md.
 """

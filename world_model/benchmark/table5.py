@@ -26,7 +26,7 @@ OUT receives
     runs/<pair>_<model>/   the training runs (see world_model/training/train.py)
     results.json           everything: per-run metrics and per-epoch histories, per-pair differences and time
                            ratios, the paper-preset parameter check, the command, the corpus, the machine, the count
-                           floors (world_model/evaluation/floors.py, fitted on the runs' training windows) and the Story Cloze
+                           floors (world_model/evaluation/floors/, fitted on the runs' training windows) and the Story Cloze
                            accuracy of every run's selected checkpoint and of every floor (world_model/evaluation/story_cloze.py)
     results.md             the tables (the layout of the paper's Table 5), the floors, Story Cloze and notes
     ls4_per_epoch.png      the paper's Figure 2: L_S(4) per epoch of both models, one panel per pair, floors as lines

@@ -15,7 +15,7 @@ before them, so nothing they read was scored):
     val_last_end_cost   baseline only: the part of L_S(4) spent on [EOS] mass, the mean -log(1 - p([EOS])) over the
                         S(4) tokens at their free-running steps; the floors and the 4-tensor readout, scored on live
                         slots only, never pay it (`floors["end_cost"]` is what a count of sentence lengths pays)
-    floors              the count floors of world_model/evaluation/floors.py beside them (L_S(4), token accuracy; fitted on the
+    floors              the count floors of world_model/evaluation/floors/ beside them (L_S(4), token accuracy; fitted on the
                         training stories of DATA_DIR, none when it holds no ROCStories*.csv)
     story_cloze         Story Cloze accuracy (val and test halves; summed and per-token ending log-likelihood) of the
                         model and the floors, with the published reference points (world_model/evaluation/story_cloze.py)
@@ -47,7 +47,7 @@ from world_model.data.rocstories import (
     read_cloze_csv,
 )
 from world_model.evaluation import story_cloze as sc
-from world_model.evaluation.floors import FLOORS, floor_report
+from world_model.evaluation.floors import FLOORS, floor_report, floor_settings
 from world_model.models.checkpoint import CheckpointError
 from world_model.models.precision import PRECISIONS, autocast
 from world_model.models.registry import count_parameters, load_model
@@ -241,7 +241,7 @@ def print_result(result: dict) -> None:
             f = floors[name]
             print(
                 f"  {name:<22} L_S(4) {f['val_last_ce']:.4f}  token accuracy {f['val_token_accuracy']:.4f}  "
-                f"(alpha {f['alpha']:g}" + (f", copy weight {f['copy_weight']:g})" if f["copy_weight"] else ")")
+                f"({floor_settings(f)})"
             )
         print(f"  {'model':<22} L_S(4) {result['val_last_ce']:.4f}  token accuracy {result['val_token_accuracy']:.4f}")
         print(

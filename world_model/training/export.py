@@ -82,7 +82,7 @@ def floor_lines(metrics: dict) -> list[str]:
     if not metrics.get("floors"):
         return []
     return [
-        "Count floors (world_model/evaluation/floors.py; fitted on the training stories, settings chosen on "
+        "Count floors (world_model/evaluation/floors/; fitted on the training stories, settings chosen on "
         "held-out training windows):",
         "",
         "| floor | L_S(4) | token accuracy |",
@@ -91,6 +91,7 @@ def floor_lines(metrics: dict) -> list[str]:
             f"| {name} | {metrics['floors'][name]['val_last_ce']:.4f} | "
             f"{metrics['floors'][name]['val_token_accuracy']:.4f} |"
             for name in FLOORS
+            if name in metrics["floors"]  # metrics written before a floor was added lack it
         ),
         "",
     ]
