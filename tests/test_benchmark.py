@@ -295,6 +295,11 @@ def test_presets_share_the_paper_matching_rule():
     tensor = run_config(cpu, "h4_l2", "four_tensor", variant="count_smoothed_4t", seed=2)
     assert tensor["model"] == run_config(cpu, "h4_l2", "four_tensor", seed=2)["model"]
     assert tensor["training"] == smoothed["training"]  # the baseline's loss on the 4-tensor model, nothing else
+    copied = run_config(cpu, "h4_l2", "baseline", variant="copy_smoothed", seed=2)
+    assert copied["model"] == plain["model"] and config_differences(plain["training"], copied["training"]) == [
+        "label_smoothing: 0.0 -> 0.5",
+        "label_smoothing_prior: 'uniform' -> 'counts_copy'",
+    ]
     assert paper["budget"] == {"train_subset": None, "max_minutes": None}
 
 
@@ -604,6 +609,19 @@ def test_the_per_epoch_plot_names_each_row_once_with_its_seeds():
         "floor: unigram (6.30)",
     ]
     assert len([line for line in ax.get_lines() if line.get_linestyle() == "-"]) == 4  # every seed still drawn
+
+
+def test_every_row_of_the_plot_has_a_colour_of_its_own_and_none_is_the_floors_gray():
+    from matplotlib.colors import to_rgb
+
+    from world_model.benchmark.report import row_colors
+
+    runs = [{"model_type": "baseline", "variant": f"v{i}", "seed": s} for i in range(18) for s in (0, 1)]
+    colors = row_colors([{"model_type": "four_tensor", "seed": 0}] + runs)
+    assert len(colors) == 19 and colors[("baseline", "v0")] != colors[("four_tensor", None)]
+    rgb = [to_rgb(c) for c in colors.values()]
+    assert len(set(rgb[:18])) == 18 and rgb[18] == rgb[0]  # 18 rows before the first repeat
+    assert all(max(c) - min(c) > 0.05 for c in rgb)  # no gray: that is the floors' colour
 
 
 def test_attention_reports_table_and_figure(attention_finished):

@@ -41,6 +41,20 @@ from world_model.evaluation.floors import FLOORS, floor_report
 from world_model.training.checkpoints import config_differences
 from world_model.utils.files import write_json_atomic
 
+# The rows' colours: tab20's ten dark shades (matplotlib's default cycle), then its ten light ones, each without its
+# gray (the floors' colour), so that 18 rows get colours of their own before any repeats.
+ROW_PALETTE = [f"tab:{c}" for c in ("blue", "orange", "green", "red", "purple", "brown", "pink", "olive", "cyan")] + [
+    "#aec7e8",
+    "#ffbb78",
+    "#98df8a",
+    "#ff9896",
+    "#c5b0d5",
+    "#c49c94",
+    "#f7b6d2",
+    "#dbdb8d",
+    "#9edae5",
+]
+
 
 # ----- results.json's dict -----
 def machine_info(device: torch.device) -> dict:
@@ -304,11 +318,7 @@ def plot_ls4(results: dict, path: Path) -> None:
     axes = fig.subplots(1, max(len(pairs), 1), squeeze=False)[0]
     attention_runs = {a["run_dir"] for a in results.get("attention", [])}
     shown = results["runs"] + [v for v in results.get("variants", []) if v["run_dir"] not in attention_runs]
-    palette = [f"C{i}" for i in range(10) if i != 7]  # matplotlib's default colours but its gray, the floors' colour
-    colors = {
-        key: palette[i % len(palette)]
-        for i, key in enumerate(dict.fromkeys((r["model_type"], r.get("variant")) for r in shown))
-    }  # one colour per row, the same for every seed
+    colors = row_colors(shown)
     floors = (results.get("floors") or {}).get("rows", [])
     for ax, pair in zip(axes, pairs):
         plot_ls4_panel(ax, pair, [r for r in shown if r["pair"] == pair], colors, floors)
@@ -317,6 +327,12 @@ def plot_ls4(results: dict, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=100)
     os.replace(tmp, path)
+
+
+def row_colors(runs: list[dict]) -> dict[tuple, str]:
+    """One colour per row (model type, variant) of `runs`, in order of first appearance, the same for every seed."""
+    rows = dict.fromkeys((r["model_type"], r.get("variant")) for r in runs)
+    return {key: ROW_PALETTE[i % len(ROW_PALETTE)] for i, key in enumerate(rows)}
 
 
 def plot_ls4_panel(ax: Any, pair: str, rows: list[dict], colors: dict[tuple, str], floors: list[dict]) -> None:
