@@ -54,17 +54,9 @@ for k, run in runs:
         ce = token_ce(model, w)
         scores[split] = round(ce[w[:, 4] != PAD_ID].mean().item(), 4)
     summary = json.loads((run / "summary.json").read_text())
-    record = {
-        "stories": k,
-        "run": str(run),
-        "model_type": summary["model_type"],
-        "seed": summary["config"]["training"]["seed"],
-    }
-    epochs = {
-        "best_epoch": summary["best_epoch"],
-        "last_epoch": summary["last_epoch"],
-        "stop_reason": summary["stop_reason"],
-    }
-    result["runs"].append({**record, **epochs, **scores})
+    record = {"stories": k, "run": str(run), "model_type": summary["model_type"]}
+    record["seed"] = summary["config"]["training"]["seed"]
+    record |= {key: summary[key] for key in ("best_epoch", "last_epoch", "stop_reason")}
+    result["runs"].append({**record, **scores})
     print(result["runs"][-1], flush=True)
 args.out.write_text(json.dumps(result, indent=2) + "\n")
