@@ -16,6 +16,7 @@ from tests.test_train import TRAIN_NAME, make_data
 from world_model.benchmark import attention as attn
 from world_model.benchmark import paper as paper_check
 from world_model.benchmark import table5 as bench
+from world_model.benchmark.markdown import row_label
 from world_model.benchmark.preset import MODELS, SHARED_MODEL_KEYS, BenchmarkError, load_preset, run_config, run_name
 from world_model.benchmark.report import pair_record, run_mismatches
 from world_model.data.rocstories import build_vocabulary, encode_windows, load_cloze_halves, load_corpus
@@ -728,6 +729,23 @@ def test_report_only_reads_light_run_files_and_trains_nothing(finished, data_dir
         assert row["val_last_ce"] == before[row["run_dir"]]["val_last_ce"]
 
 
+def test_report_only_keeps_the_machine_the_runs_were_timed_on(finished, data_dir, preset, tmp_path, monkeypatch):
+    no_training(monkeypatch)
+    out = tmp_path / "rewritten"
+    shutil.copytree(finished[0], out)
+    earlier = json.loads((out / "results.json").read_text())
+    timed_on = {**earlier["machine"], "load_average_start": [9.5, 9.5, 9.5], "load_average_end": [8.5, 8.5, 8.5]}
+    (out / "results.json").write_text(json.dumps({**earlier, "machine": timed_on}))
+    args = ["--preset", str(preset), "--data", str(data_dir), "--out", str(out), "--report-only", "--no-progress"]
+    assert bench.main(args) == 0
+    again = json.loads((out / "results.json").read_text())
+    assert again["machine"] == timed_on  # not this invocation's load: nothing was timed by it
+    assert "load average [9.5, 9.5, 9.5] at the start, [8.5, 8.5, 8.5] at the end" in again["notes"][-1]
+    (out / "results.json").write_text("{truncated")  # no readable record: this machine's, as for a first report
+    assert bench.main(args) == 0
+    assert json.loads((out / "results.json").read_text())["machine"]["load_average_start"] != [9.5, 9.5, 9.5]
+
+
 def test_a_run_made_before_a_setting_existed_reads_back_with_its_default(
     finished, data_dir, preset, tmp_path, monkeypatch
 ):
@@ -798,6 +816,13 @@ def test_seeds_train_every_row_once_per_seed_and_pair_the_differences(data_dir, 
     assert "seeds 3, 4" in shared and "seed 1" not in shared  # the seeds run, not the preset's default seed
     for seed in (3, 4):  # the notes name the seed of each pair they speak of
         assert sum(note.startswith(f"h1_l1 (seed {seed}): Δ L_S(4)") for note in results["notes"]) == 1
+    for r in results["runs"] + results["variants"]:  # a one-epoch cap: every run, variants too, is flagged as capped
+        assert (r["stop_reason"], r["best_epoch"], r["last_epoch"]) == ("max_epochs", 1, 1)
+        capped = (
+            f"{row_label(r)} (seed {r['seed']}): stopped by the epoch cap (1) before the section 8.2 rule fired; its "
+            "selected epoch 1 is the minimum so far (the last epoch: still improving)."
+        )
+        assert results["notes"].count(capped) == 1
     printed = capsys.readouterr().out  # the command's last lines: every run (variants too) by seed, then the means
     for seed in (3, 4):
         assert f"h1_l1 4-tensor causal (seed {seed}): " in printed and f"h1_l1 baseline (seed {seed}): " in printed

@@ -243,19 +243,13 @@ def markdown_lines(results: dict) -> list[str]:
 
 
 def notes(results: dict) -> list[str]:
-    """Notes on the variant runs (how they stopped, matching with their references) and on the issue's target."""
+    """Notes on the variant runs' matching with their references, and on the issue's target (how each run stopped is
+    in world_model/benchmark/notes.py, for the pairs' runs and the variants alike)."""
     out = []
     for v in results.get("variants", []):
         label = f"{v['pair']} {FAMILY_LABELS[v['model_type']]} {v['variant']}"
         if v.get("seed") is not None:
             label += f" (seed {v['seed']})"
-        if v["stop_reason"] == "time_budget":
-            out.append(
-                f"{label}: stopped by the time budget after epoch {v['last_epoch']}; its selected epoch {v['best_epoch']} "
-                "is the minimum so far."
-            )
-        elif v["stop_reason"] == "non_finite_loss":
-            out.append(f"{label}: stopped on a non-finite loss after epoch {v['last_epoch']}.")
         if v.get("mismatches"):
             out.append(f"{label}: NOT matched with its reference: " + "; ".join(v["mismatches"]))
         elif v.get("mismatches") is None:

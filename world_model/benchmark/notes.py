@@ -13,7 +13,7 @@ from world_model.benchmark.paper import PAPER_VOCAB_SIZE
 def notes_for(results: dict) -> list[str]:
     """Every note, in the order results.md lists them."""
     notes = setting_notes(results)
-    for r in results["runs"]:
+    for r in results["runs"] + results.get("variants", []):
         notes += run_notes(r)
     for p in results["pairs"]:
         notes += pair_notes(p)
@@ -51,7 +51,8 @@ def setting_notes(results: dict) -> list[str]:
 
 
 def run_notes(r: dict) -> list[str]:
-    """One run record's notes: a stop other than the rule's, a minimum of L_S(4) off the selected epoch, a resume."""
+    """One run or variant record's notes: a stop other than the rule's, a minimum of L_S(4) off the selected epoch,
+    a resume."""
     notes = []
     label = row_label(r) + seed_suffix(r)
     if r["stop_reason"] == "time_budget":

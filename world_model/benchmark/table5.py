@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import shlex
 import sys
@@ -150,6 +151,8 @@ def run_benchmark(
         device,
         started_at,
     )
+    if report_only:  # nothing is timed here: the tables' times are those of the machine that trained the runs
+        results["machine"] = earlier_machine(out) or results["machine"]
     if is_main:
         (out / RUNS_DIR).mkdir(parents=True, exist_ok=True)
     for i, run in enumerate(runs, 1):
@@ -161,7 +164,7 @@ def run_benchmark(
             collect(results, runs, out, t_start)
             write_reports(results, out)
     if is_main:
-        finish(results, runs, len(chosen), out, t_start)
+        finish(results, runs, len(chosen), out, t_start, timed=not report_only)
     return results
 
 
@@ -290,16 +293,27 @@ def train_run(
     run.extra["call_seconds"] = time.monotonic() - t_run
 
 
-def collect(results: dict, runs: list[Run], out: Path, t_start: float) -> None:
-    """Refill results from the run folders (report.collect_results), with the time so far and the load average."""
+def collect(results: dict, runs: list[Run], out: Path, t_start: float, timed: bool = True) -> None:
+    """Refill results from the run folders (report.collect_results), with the time so far and, when this invocation
+    trained (`timed`), the load average now."""
     collect_results(results, runs, out)
     results["elapsed_seconds"] = time.monotonic() - t_start
-    results["machine"]["load_average_end"] = load_average()
+    if timed:
+        results["machine"]["load_average_end"] = load_average()
 
 
-def finish(results: dict, runs: list[Run], n_pairs: int, out: Path, t_start: float) -> None:
+def earlier_machine(out: Path) -> dict | None:
+    """The machine record of the results.json already in `out` (None without a readable one): --report-only keeps
+    it, since the run times in the reports were measured on that machine, under that load."""
+    try:
+        return json.loads((out / RESULTS_JSON).read_text()).get("machine")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+
+
+def finish(results: dict, runs: list[Run], n_pairs: int, out: Path, t_start: float, timed: bool = True) -> None:
     """The final reports: complete when every pair and every variant asked for has finished."""
-    collect(results, runs, out, t_start)
+    collect(results, runs, out, t_start, timed)
     results["complete"] = (
         all(p["complete"] for p in results["pairs"])
         and len(results["pairs"]) == n_pairs
