@@ -16,8 +16,16 @@ from tests.test_train import TRAIN_NAME, make_data
 from world_model.benchmark import attention as attn
 from world_model.benchmark import paper as paper_check
 from world_model.benchmark import table5 as bench
-from world_model.benchmark.markdown import row_label
-from world_model.benchmark.preset import MODELS, SHARED_MODEL_KEYS, BenchmarkError, load_preset, run_config, run_name
+from world_model.benchmark.preset import (
+    MODEL_LABELS,
+    MODELS,
+    SHARED_MODEL_KEYS,
+    BenchmarkError,
+    load_preset,
+    row_label,
+    run_config,
+    run_name,
+)
 from world_model.benchmark.report import pair_record, run_mismatches
 from world_model.data.rocstories import build_vocabulary, encode_windows, load_cloze_halves, load_corpus
 from world_model.evaluation import story_cloze as sc
@@ -631,7 +639,7 @@ def test_attention_reports_table_and_figure(attention_finished):
     assert "## L_S(4) against attention parameters" in md and "ls4_vs_attention_params.png" in md
     for r in results["attention"]:
         assert (
-            f"| h2_l1 | {r['variant']} | {attn.FAMILY_LABELS[r['model_type']]} | {r['attention']} | "
+            f"| h2_l1 | {r['variant']} | {MODEL_LABELS[r['model_type']]} | {r['attention']} | "
             f"{r['attention_parameters']:,} | " in md
         )
     verdict = "MET" if results["attention_target"][0]["met"] else "NOT met"

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from world_model.benchmark.preset import MODEL_LABELS, row_label, seed_suffix
 from world_model.models.baseline import BaselineModel
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.registry import build_model
@@ -38,7 +39,6 @@ from world_model.models.registry import build_model
 PARETO_FIGURE = "ls4_vs_attention_params.png"
 REFERENCE = "reference"  # the variant name of a pair's own run in the rows below
 TARGET_RATIO, TARGET_DELTA_PERCENT = 5.0, 1.0  # issue 7: a Tucker 4-tensor predictor >= 5x smaller attention, within 1%
-FAMILY_LABELS = {"four_tensor": "4-tensor", "baseline": "baseline"}
 FAMILY_MARKERS = {"four_tensor": "o", "baseline": "s"}
 KIND_COLORS = {"dense": "tab:gray", "mha": "tab:gray", "gqa": "tab:green", "mla": "tab:purple", "tucker": "tab:red"}
 KIND_LABELS = {
@@ -233,7 +233,7 @@ def markdown_lines(results: dict) -> list[str]:
     ]
     for r in results["attention"]:
         lines.append(
-            f"| {r['pair']} | {r['variant']} | {FAMILY_LABELS[r['model_type']]} | {r['attention']} | "
+            f"| {r['pair']} | {r['variant']} | {MODEL_LABELS[r['model_type']]} | {r['attention']} | "
             f"{r['attention_parameters']:,} | {_fmt(r['attention_ratio'], '.2f')} | {r['parameters']:,} | "
             f"{r['best_epoch']}/{r['last_epoch']} | {r['stopped_by']} | {_fmt(r['val_last_ce'], '.4f')} | "
             f"{_fmt(r['delta_percent'], '+.2f')} | {'yes' if r.get('pareto') else ''} |"
@@ -247,9 +247,7 @@ def notes(results: dict) -> list[str]:
     in world_model/benchmark/notes.py, for the pairs' runs and the variants alike)."""
     out = []
     for v in results.get("variants", []):
-        label = f"{v['pair']} {FAMILY_LABELS[v['model_type']]} {v['variant']}"
-        if v.get("seed") is not None:
-            label += f" (seed {v['seed']})"
+        label = row_label(v) + seed_suffix(v)
         if v.get("mismatches"):
             out.append(f"{label}: NOT matched with its reference: " + "; ".join(v["mismatches"]))
         elif v.get("mismatches") is None:
@@ -308,7 +306,7 @@ def plot_pareto_panel(ax: Any, pair: str, points: list[dict]) -> None:
             edgecolors="black" if r.get("pareto") else "none",
             zorder=3,
         )
-        label = f"{FAMILY_LABELS[r['model_type']]} {r['attention']}" + (
+        label = f"{MODEL_LABELS[r['model_type']]} {r['attention']}" + (
             " (reference)" if r["variant"] == REFERENCE else ""
         )
         ax.annotate(
@@ -341,7 +339,7 @@ def pareto_legend_handles() -> list:
     from matplotlib.lines import Line2D
 
     handles = [
-        Line2D([], [], linestyle="", marker=m, color="black", label=FAMILY_LABELS[t]) for t, m in FAMILY_MARKERS.items()
+        Line2D([], [], linestyle="", marker=m, color="black", label=MODEL_LABELS[t]) for t, m in FAMILY_MARKERS.items()
     ]
     handles += [
         Line2D([], [], linestyle="", marker="o", color=KIND_COLORS[k], label=KIND_LABELS[k])

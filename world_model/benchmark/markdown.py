@@ -9,7 +9,7 @@ from pathlib import Path
 
 from world_model.benchmark import attention as attn
 from world_model.benchmark.paper import PAPER_REPORTED, PAPER_VOCAB_SIZE
-from world_model.benchmark.preset import MODEL_LABELS
+from world_model.benchmark.preset import MODEL_LABELS, row_label, seed_suffix
 from world_model.benchmark.runs import FIGURE
 from world_model.evaluation import story_cloze as sc
 from world_model.evaluation.floors import floor_settings
@@ -43,16 +43,6 @@ def fmt_mean_sd(stats: dict, spec: str) -> str:
 def fmt_interval(ci: list[float] | None, spec: str = "+.4f") -> str | None:
     """A 95% interval as "[lo, hi]", or None when there is none (one seed)."""
     return None if ci is None else f"[{format(ci[0], spec)}, {format(ci[1], spec)}]"
-
-
-def row_label(row: dict) -> str:
-    """A row's name in the reports: "h4_l2 4-tensor", "h4_l2 4-tensor causal" ..."""
-    return f"{row['pair']} {MODEL_LABELS[row['model_type']]}" + (f" {row['variant']}" if row.get("variant") else "")
-
-
-def seed_suffix(record: dict) -> str:
-    """ " (seed 2)" for a run or pair record of a multi-seed benchmark, "" for one without a seed."""
-    return f" (seed {record['seed']})" if record.get("seed") is not None else ""
 
 
 def table_runs(results: dict) -> list[dict]:

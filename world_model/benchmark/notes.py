@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 
 from world_model.benchmark import attention as attn
-from world_model.benchmark.markdown import fmt, row_label, seed_suffix
+from world_model.benchmark.markdown import fmt
 from world_model.benchmark.paper import PAPER_VOCAB_SIZE
+from world_model.benchmark.preset import row_label, seed_suffix
 
 
 def notes_for(results: dict) -> list[str]:

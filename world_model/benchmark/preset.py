@@ -37,6 +37,16 @@ SHARED_MODEL_KEYS = ("d_x", "d_t", "n_heads", "n_layers", "n_tokens", "n_states"
 VARIANT_TRAINING_KEYS = ("label_smoothing", "label_smoothing_prior", "target_sentences")  # the loss, not the optimiser
 
 
+def row_label(row: dict) -> str:
+    """A row's name in the reports: "h4_l2 4-tensor", "h4_l2 4-tensor causal" ..."""
+    return f"{row['pair']} {MODEL_LABELS[row['model_type']]}" + (f" {row['variant']}" if row.get("variant") else "")
+
+
+def seed_suffix(record: dict) -> str:
+    """ " (seed 2)" for a run or pair record of a multi-seed benchmark, "" for one without a seed."""
+    return f" (seed {record['seed']})" if record.get("seed") is not None else ""
+
+
 class BenchmarkError(ValueError):
     """A benchmark that must not start: unknown preset or pair, bad budget, an output folder in use."""
 

@@ -25,14 +25,12 @@ from world_model.benchmark.markdown import (
     fmt_mean_sd,
     fmt_parameters,
     fmt_seconds,
-    row_label,
-    seed_suffix,
     table_runs,
     write_markdown,
 )
 from world_model.benchmark.notes import notes_for
 from world_model.benchmark.paper import paper_parameter_check
-from world_model.benchmark.preset import MODEL_LABELS, MODELS, SHARED_MODEL_KEYS, run_config
+from world_model.benchmark.preset import MODEL_LABELS, MODELS, SHARED_MODEL_KEYS, row_label, run_config, seed_suffix
 from world_model.benchmark.runs import FIGURE, RESULTS_JSON, RESULTS_MD, Run, load_windows, run_record
 from world_model.data.rocstories import load_cloze_halves
 from world_model.evaluation import seed_stats
