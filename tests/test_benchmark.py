@@ -754,6 +754,21 @@ def test_report_only_keeps_the_machine_the_runs_were_timed_on(finished, data_dir
     assert json.loads((out / "results.json").read_text())["machine"]["load_average_start"] != [9.5, 9.5, 9.5]
 
 
+def test_the_earlier_invocation_note_names_the_variants_too(attention_finished, data_dir, tmp_path, monkeypatch):
+    no_training(monkeypatch)
+    out = tmp_path / "again"
+    shutil.copytree(attention_finished[0], out)
+    preset = write_preset(tmp_path / "tiny_attention.yaml", TINY_ATTENTION_PRESET)
+    args = ["--preset", str(preset), "--data", str(data_dir), "--out", str(out), "--report-only", "--no-progress"]
+    assert bench.main(args) == 0
+    [note] = [n for n in json.loads((out / "results.json").read_text())["notes"] if "earlier invocation" in n]
+    named = note.split(": ", 1)[1].split(";")[0].split(", ")
+    assert named == ["h2_l1 4-tensor", "h2_l1 baseline"] + [
+        f"h2_l1 {MODEL_LABELS[v['type']]} {name}" for name, v in TINY_ATTENTION_PRESET["variants"].items()
+    ]
+    assert "--report-only" in note
+
+
 def test_a_run_made_before_a_setting_existed_reads_back_with_its_default(
     finished, data_dir, preset, tmp_path, monkeypatch
 ):

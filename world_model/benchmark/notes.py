@@ -14,15 +14,17 @@ from world_model.benchmark.preset import row_label, seed_suffix
 def notes_for(results: dict) -> list[str]:
     """Every note, in the order results.md lists them."""
     notes = setting_notes(results)
-    for r in results["runs"] + results.get("variants", []):
+    runs = results["runs"] + results.get("variants", [])
+    for r in runs:
         notes += run_notes(r)
     for p in results["pairs"]:
         notes += pair_notes(p)
-    earlier = [row_label(r) + seed_suffix(r) for r in results["runs"] if r.get("skipped_by_resume")]
+    earlier = [row_label(r) + seed_suffix(r) for r in runs if r.get("skipped_by_resume")]
     if earlier:
         notes.append(
-            f"Trained by an earlier invocation and skipped by --resume: {', '.join(earlier)}; their times were measured "
-            "then, under that invocation's machine load."
+            f"Trained by an earlier invocation (found finished in the out folder by --resume or --report-only, not "
+            f"trained again): {', '.join(earlier)}; their times were measured then, under that invocation's machine "
+            "load."
         )
     notes += closest_match_notes(results["pairs"])
     notes += attn.notes(results)
