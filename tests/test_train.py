@@ -279,6 +279,23 @@ def test_time_budget_stops_after_an_epoch_and_resumes(data_dir, tmp_path):
     assert (summary["stop_reason"], summary["last_epoch"], summary["resumed_from_epoch"]) == ("max_epochs", 2, 1)
 
 
+def test_a_resume_on_another_thread_count_is_recorded_and_said(data_dir, tmp_path, capsys):
+    """The thread count decides the order of a matmul's sums, so a run repeats to the last decimal only on its own:
+    run.json and summary.json record it, and a resume that differs says so."""
+    out, threads = tmp_path / "threads", torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        summary = train(copy.deepcopy(TINY), data_dir, out, max_epochs=1, progress=False)
+        assert summary["torch_threads"] == 1 == json.loads((out / "run.json").read_text())["torch_threads"]
+        capsys.readouterr()
+        torch.set_num_threads(2)
+        summary = train(copy.deepcopy(TINY), data_dir, out, max_epochs=2, resume=True, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert "the run used 1 thread(s), this one 2" in capsys.readouterr().out
+    assert summary["torch_threads"] == 2 and summary["resumed_from_epoch"] == 1
+
+
 def test_a_run_saved_before_new_config_fields_still_resumes(data_dir, tmp_path):
     out = tmp_path / "older"
     train(copy.deepcopy(TINY), data_dir, out, max_epochs=1, progress=False)

@@ -1,6 +1,7 @@
 """The run folder of a training run: what is written after every epoch, what --resume reads back and checks.
 
-    run.json        the normalised config and training subset (what --resume checks), corpus statistics
+    run.json        the normalised config and training subset (what --resume checks), corpus statistics, the
+                    process and thread counts of the latest invocation
     metrics.jsonl   one JSON line per epoch
     curves.png      train / validation window loss and L_S(4) per epoch, the best epoch marked
     best/           the checkpoint of the minimum validation window loss (save_pretrained + vocab.json)

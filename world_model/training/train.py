@@ -138,10 +138,17 @@ def resume_run(
     if state_dir is not None:
         resumed = checkpoints.resume_from(state_dir, model, data.vocab, len(data.train_windows), data_dir)
         say(f"resuming {out} after epoch {resumed.epoch}")
-        before = json.loads((out / checkpoints.RUN_FILE).read_text()).get("num_processes")
+        record = json.loads((out / checkpoints.RUN_FILE).read_text())
+        before = record.get("num_processes")
         if before not in (None, accelerator.num_processes):
             say(
                 f"note: the run used {before} process(es), this one {accelerator.num_processes}: the effective batch changes"
+            )
+        threads = record.get("torch_threads")
+        if threads not in (None, torch.get_num_threads()):
+            say(
+                f"note: the run used {threads} thread(s), this one {torch.get_num_threads()}: sums are taken in another "
+                "order, so the epochs from here on will not repeat an uninterrupted run's to the last decimal"
             )
     if accelerator.num_processes > 1:  # a process that read no state (its own copy of --out) would train apart
         starts = accelerator.gather(torch.tensor([resumed.epoch if resumed else 0], device=accelerator.device))
@@ -292,7 +299,12 @@ def train(
             "validation_windows": len(data.val_windows),
         }
         if accelerator.is_main_process:
-            facts = {**run_facts, "parameters": parameters, "num_processes": accelerator.num_processes}
+            facts = {
+                **run_facts,
+                "parameters": parameters,
+                "num_processes": accelerator.num_processes,
+                "torch_threads": torch.get_num_threads(),
+            }
             checkpoints.start_run_folder(out, {**run_record, **facts}, history)
         accelerator.wait_for_everyone()
         deadline = None if max_minutes is None else t_start + 60 * max_minutes
@@ -334,6 +346,7 @@ def summarise(
         "wall_seconds_total": history[-1]["wall_seconds"] if history else 0.0,
         "resumed_from_epoch": resumed.epoch if resumed else None,
         "num_processes": accelerator.num_processes,
+        "torch_threads": torch.get_num_threads(),
         "device": str(accelerator.device),
         "versions": {"torch": torch.__version__, "accelerate": __import__("accelerate").__version__},
     }
