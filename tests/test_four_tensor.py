@@ -88,7 +88,7 @@ def test_label_smoothing_equals_the_soft_target_cross_entropy_of_the_full_logits
     q = torch.full((n_tokens, V), 1 / V) if prior is None else prior  # (N, V) the smoothing target per slot
     target = 0.7 * F.one_hot(Y, V).double() + 0.3 * q[None, :, None, :].double()  # (B, N, T, V)
     reference = -(target[live] * torch.log_softmax(logits[live].double(), -1)).sum(-1).mean()
-    torch.testing.assert_close(stats.loss.double(), reference)
+    torch.testing.assert_close(stats.loss, reference.float())  # float32 tolerance: the fused loss sums in float32
     reference.backward()
     for name, p in model.named_parameters():
         if name in fused:
