@@ -297,14 +297,10 @@ def train(
             "corpus_statistics": data.stats,
             "train_windows": len(data.train_windows),
             "validation_windows": len(data.val_windows),
+            "torch_threads": torch.get_num_threads(),
         }
         if accelerator.is_main_process:
-            facts = {
-                **run_facts,
-                "parameters": parameters,
-                "num_processes": accelerator.num_processes,
-                "torch_threads": torch.get_num_threads(),
-            }
+            facts = {**run_facts, "parameters": parameters, "num_processes": accelerator.num_processes}
             checkpoints.start_run_folder(out, {**run_record, **facts}, history)
         accelerator.wait_for_everyone()
         deadline = None if max_minutes is None else t_start + 60 * max_minutes
@@ -346,7 +342,6 @@ def summarise(
         "wall_seconds_total": history[-1]["wall_seconds"] if history else 0.0,
         "resumed_from_epoch": resumed.epoch if resumed else None,
         "num_processes": accelerator.num_processes,
-        "torch_threads": torch.get_num_threads(),
         "device": str(accelerator.device),
         "versions": {"torch": torch.__version__, "accelerate": __import__("accelerate").__version__},
     }
