@@ -6,6 +6,7 @@ alone; each floor below is the level minus three standard errors, sqrt(p (1 - p)
 """
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -89,7 +90,7 @@ def test_the_renderer_trainers_defaults_build_the_shipped_renderers_architecture
 
     from renderers.pixel_pipeline import PixelPipelineConfig, build_pixel_pipeline
 
-    sentences = [line for line in open("offline_pack/predictor/known_sentences.txt").read().splitlines() if line]
+    sentences = [line for line in Path("offline_pack/predictor/known_sentences.txt").read_text().splitlines() if line]
     built = build_pixel_pipeline(sentences, PixelPipelineConfig())
     for name, weights in (("unet", "diffusion_pytorch_model.safetensors"), ("text_encoder", "model.safetensors")):
         with safe_open(f"offline_pack/renderer/{name}/{weights}", framework="pt") as shipped:

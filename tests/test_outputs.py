@@ -30,6 +30,7 @@ def test_video_is_browser_playable_h264(tmp_path):
     capture = cv2.VideoCapture(str(path))
     assert capture.get(cv2.CAP_PROP_FRAME_COUNT) == len(COLOURS)
     assert int(capture.get(cv2.CAP_PROP_FOURCC)).to_bytes(4, "little") in (b"h264", b"avc1")
+    capture.release()
     data = path.read_bytes()
     assert data.index(b"moov") < data.index(b"mdat")  # index first: plays while downloading
     assert os.listdir(tmp_path) == ["clip.mp4"]
@@ -37,7 +38,9 @@ def test_video_is_browser_playable_h264(tmp_path):
 
 def test_even_sized_video_keeps_its_size(tmp_path):
     path = write_video(solid_frames(32, 48)[:2], tmp_path / "sub" / "even.mp4")
-    assert next(imageio_ffmpeg.read_frames(str(path)))["size"] == (48, 32)
+    reader = imageio_ffmpeg.read_frames(str(path))
+    assert next(reader)["size"] == (48, 32)
+    reader.close()
 
 
 def test_gif_round_trips(tmp_path):
