@@ -24,6 +24,7 @@ right before it (its data may be cut short and patched by the decoder with older
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import re
@@ -290,9 +291,21 @@ def _open(path: Path) -> tuple[cv2.VideoCapture, VideoInfo]:
 
 
 def _capture(path: Path) -> cv2.VideoCapture:
-    capture = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)
+    with _opencv_errors_only():  # a file it cannot open gets our own error (`_diagnose`), not OpenCV's warning
+        capture = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)
     capture.set(cv2.CAP_PROP_ORIENTATION_AUTO, 1)
     return capture
+
+
+@contextlib.contextmanager
+def _opencv_errors_only():
+    """Lower OpenCV's log to errors for the block, then put back the level the caller had."""
+    level = cv2.utils.logging.getLogLevel()
+    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
+    try:
+        yield
+    finally:
+        cv2.utils.logging.setLogLevel(level)
 
 
 def _count_frames(capture: cv2.VideoCapture) -> int:

@@ -1,3 +1,4 @@
+import cv2
 import numpy as np
 import pytest
 
@@ -269,3 +270,13 @@ def test_a_video_stream_shorter_than_its_container_is_not_called_corrupt(tmp_pat
     assert [round(f.timestamp, 2) for f in clip] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
     assert len(clip.warnings) == 1 and "truncated or corrupt" not in clip.warnings[0]
     assert "the video stream ends at 2.90s" in clip.warnings[0]
+
+
+def test_an_unreadable_file_gives_our_error_without_opencvs_warning(tmp_path, capfd):
+    path = tmp_path / "text.mp4"
+    path.write_text("this is not a video\n" * 20)
+    level = cv2.utils.logging.getLogLevel()
+    with pytest.raises(VideoError, match="not a video file"):
+        sample_frames(path)
+    assert "WARN" not in capfd.readouterr().err  # OpenCV's "can't be used to capture by name" says nothing useful
+    assert cv2.utils.logging.getLogLevel() == level  # the caller's own OpenCV log level is put back
