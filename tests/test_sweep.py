@@ -90,7 +90,7 @@ def test_the_report_warns_only_when_the_chosen_rate_is_at_the_edge_of_the_grid()
 
 
 def test_the_cpu_preset_uses_the_rate_its_committed_sweep_chose_with_its_other_settings():
-    folder = Path(__file__).resolve().parents[1] / "docs" / "benchmark" / "cpu_sweep"
+    folder = Path(__file__).resolve().parents[1] / "results" / "benchmark" / "cpu_sweep"
     results = json.loads((folder / "results.json").read_text())
     cpu = run_config(load_preset("cpu"), results["pair"], "four_tensor")
     assert results["preset"] == "cpu" and cpu["training"]["lr"] == results["chosen_lr"]

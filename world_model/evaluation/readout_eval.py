@@ -1,8 +1,8 @@
 """Readability of a predictor's next sentences, per readout: the paper's per-slot tokens against the sentence bank.
 
     python -m world_model.evaluation.readout_eval --checkpoint world_model/pretrained/rocstories-cpu \
-        --data ../shared/data/rocstories --out docs/readout
-    python -m world_model.evaluation.readout_eval --checkpoint ... --data ... --out docs/readout --select
+        --data ../shared/data/rocstories --out results/readout
+    python -m world_model.evaluation.readout_eval --checkpoint ... --data ... --out results/readout --select
 
 The first scores the 3,742 cloze contexts (sentences 1-4; the right ending is the true next sentence) with
 the checkpoint's own bank. `--select` chooses the bank's settings on training stories instead: the last

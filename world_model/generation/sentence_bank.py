@@ -43,7 +43,8 @@ from world_model.text.vocab import PAD_ID, UNK_ID, UnknownWordError, Vocabulary,
 BANK_NAME = "sentence_bank.json.gz"  # in a predictor folder: {"sentences": [...], "names": [...], "source": ...}
 SAMPLE_TOP_K = 20  # sampling draws among this many best sentences unless top_k is given: over the whole bank,
 # length-normalised scores are nearly flat and a draw is any sentence at all
-LENGTH_POWER = 1.5  # score = summed slot log-likelihood / length ** LENGTH_POWER, chosen in docs/readout/selection.md
+# score = summed slot log-likelihood / length ** LENGTH_POWER, chosen in results/readout/selection.md
+LENGTH_POWER = 1.5
 _WORD = re.compile(r"[^\W_]+(?:['\-][^\W_]+)*")
 _VERB_LIKE = frozenset(
     "was had went got is did took made saw felt knew told said gave ran came thought found bought "

@@ -26,7 +26,7 @@ the 4-tensor model: a parameter-free sinusoidal code (`positions="sinusoidal"`, 
 standard nn.Linear / nn.LayerNorm elsewhere, which totals 175,892,480 (175.9M) and 226,242,560
 (226.2M). `positions="learned"` swaps in a learned absolute table of max_len rows (+max_len * d);
 `positions="rotary"` adds nothing to the input and turns each head's queries and keys by their positions (`rotate`),
-parameter-free, for the default attention only (a held-out probe found no gain: docs/benchmark/cpu_baseline_probes).
+parameter-free, for the default attention only (a held-out probe found no gain: results/benchmark/cpu_baseline_probes).
 
 Attention kind (issue 7). `attention` picks the self-attention of every block from the 1-D attention
 family of the Tucker Attention paper (`world_model.models.attention_family`): "mha" (default), "gqa"
