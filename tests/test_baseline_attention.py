@@ -1,4 +1,4 @@
-"""The flat baseline with its attention chosen from the Tucker Attention family (issue 7): every kind trains,
+"""The flat baseline with its attention chosen from the Tucker Attention family: every kind trains,
 keeps cached == uncached free running, counts its attention parameters and KV cache by the family's
 formulas, round-trips through a checkpoint; the default stays the original model."""
 

@@ -438,7 +438,7 @@ def test_resume_refuses_a_different_run_before_training(finished, data_dir, pres
     assert "training.lr" in capsys.readouterr().err
 
 
-# ----- issue 7: attention parameters and the variants of a preset -----
+# ----- attention parameters and the variants of a preset -----
 TINY_SHAPE = {"d_x": 4, "d_t": 2, "n_heads": 2, "n_layers": 2}  # d = 8, d_H = 4
 
 

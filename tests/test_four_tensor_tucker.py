@@ -1,4 +1,4 @@
-"""The tucker form of the 4-tensor predictor's Q, K, V weights (issue 7): W = G x_m A x_p B x_n C x_q D."""
+"""The tucker form of the 4-tensor predictor's Q, K, V weights: W = G x_m A x_p B x_n C x_q D."""
 
 import json
 import math

@@ -20,9 +20,9 @@ from world_model.models.registry import load_predictor
 
 EPISODES = 4
 SENTENCE_EPISODES = 300  # held-out episodes simulated without video, for the predictor alone
-CAPTION_TARGET = 0.95  # issue 5: exact sentence match on held-out strips
-PREDICTOR_TARGET = 0.90  # issue 5: next-state accuracy as a fraction of the simulator's ceiling
-ROUND_TRIP_TARGET = 0.80  # issue 5: rendered strips captioned back exactly (results/world_eval: 0.939 on 100 episodes)
+CAPTION_TARGET = 0.95  # exact sentence match on held-out strips
+PREDICTOR_TARGET = 0.90  # next-state accuracy as a fraction of the simulator's ceiling
+ROUND_TRIP_TARGET = 0.80  # rendered strips captioned back exactly
 
 
 def floor(p: float, n: int) -> float:

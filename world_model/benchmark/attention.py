@@ -1,4 +1,4 @@
-"""L_S(4) against attention parameters: the low-rank attention rows of the benchmark (issue 7).
+"""L_S(4) against attention parameters: the low-rank attention rows of the benchmark.
 
 The Tucker Attention paper's Figure 3 plots quality against the total attention parameter count of MHA,
 GQA, MLA and Tucker Attention and reads off the Pareto front. This module does the same for a benchmark
@@ -38,7 +38,7 @@ from world_model.models.registry import build_model
 
 PARETO_FIGURE = "ls4_vs_attention_params.png"
 REFERENCE = "reference"  # the variant name of a pair's own run in the rows below
-TARGET_RATIO, TARGET_DELTA_PERCENT = 5.0, 1.0  # issue 7: a Tucker 4-tensor predictor >= 5x smaller attention, within 1%
+TARGET_RATIO, TARGET_DELTA_PERCENT = 5.0, 1.0  # a Tucker 4-tensor predictor >= 5x smaller attention, within 1%
 FAMILY_MARKERS = {"four_tensor": "o", "baseline": "s"}
 KIND_COLORS = {"dense": "tab:gray", "mha": "tab:gray", "gqa": "tab:green", "mla": "tab:purple", "tucker": "tab:red"}
 KIND_LABELS = {
@@ -260,7 +260,7 @@ def target_notes(targets: list[dict]) -> list[str]:
     out = []
     for t in targets:
         goal = (
-            f"target (issue 7): a Tucker 4-tensor run with >= {t['ratio_at_least']:g}x fewer attention parameters than the dense "
+            f"target: a Tucker 4-tensor run with >= {t['ratio_at_least']:g}x fewer attention parameters than the dense "
             f"one within {t['delta_percent_at_most']:g}% of its L_S(4)"
         )
         if t["met"] is None:

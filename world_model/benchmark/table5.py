@@ -3,7 +3,7 @@
     python -m world_model.benchmark --preset cpu --data DATA_DIR --out OUT_DIR \
         [--max-epochs E] [--max-minutes M] [--train-subset K] [--pairs h2_l2,h4_l2,h4_l3] [--seeds 0,1,2]
         [--rows four_tensor,baseline,VARIANT] [--resume] [--report-only] [--no-progress]
-    python -m world_model.benchmark --preset attention --data DATA_DIR --out OUT_DIR     # issue 7: low-rank attention
+    python -m world_model.benchmark --preset attention --data DATA_DIR --out OUT_DIR
     accelerate launch -m world_model.benchmark --preset paper --data DATA_DIR --out OUT_DIR     # GPUs
 
 A preset (`--preset cpu`, `--preset paper`, i.e. configs/benchmark/<name>.yaml, or the path of such a YAML
@@ -14,7 +14,7 @@ one after the other, on the same training windows and the same validation window
 checkpoint with its own selection loss and stops by the rule of section 8.2 (or by the budget, which is
 then reported as such).
 
-Variants (issue 7). A preset may add a `variants:` section: name -> {type, pair, model, training, versus}, one
+Variants. A preset may add a `variants:` section: name -> {type, pair, model, training, versus}, one
 more run of the pair's model `type` with the `model` overrides (e.g. its attention form: the 4-tensor's qkv_form
 tucker and tucker_ranks, the baseline's attention gqa / mla / tucker and their sizes) and `training` overrides of
 its loss only (the settings every run shares cannot be overridden). It trains after the pair's two runs into

@@ -1,4 +1,4 @@
-"""Story Cloze accuracy: pick the right one of two endings by its S(4) log-likelihood given S(0..3) (issue 13).
+"""Story Cloze accuracy: pick the right one of two endings by its S(4) log-likelihood given S(0..3).
 
 Each ending is scored as the story's S(4) after the four context sentences, by
     a 4-tensor model   log_softmax(last_slice_logits(context)) at the ending's non-padding tokens

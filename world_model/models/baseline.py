@@ -15,20 +15,14 @@ blocks x <- x + drop(Attn(LN(x))); x <- x + drop(MLP(LN(x))) with causal multi-h
 (W_Q, W_K, W_V, W_O each d x d, no biases) and a GELU MLP d -> 4d -> d (with biases), one final LayerNorm,
 and the tied readout logits = h E^T (no bias, no extra parameters).
 
-Position code and parameter count. The paper only says "1-D positional encodings"; its totals pin the
-choice down. At d_x = 64, d_t = 32 (d = 2048) and |V| = 36,713 the Table 3 terms alone give 175.85M
-(H in {2, 4}, L = 2) and 226.18M (H = 4, L = 3) against the reported 175.9M and 226.2M, so everything
-else the model owns must stay below 0.1M at L = 2 and about 67k at L = 3. A learned table of
-max_len = 82 positions is 168k parameters (176.1M / 226.4M) and does not fit, nor do biases on all four
-attention maps on top of the MLP biases at L = 3 (226.3M). The default is therefore the same policy as
-the 4-tensor model: a parameter-free sinusoidal code (`positions="sinusoidal"`, the function of the
-4-tensor's Stage B), bias-free attention maps (the 4-tensor's W_Q, W_K, W_V have no bias either) and
-standard nn.Linear / nn.LayerNorm elsewhere, which totals 175,892,480 (175.9M) and 226,242,560
-(226.2M). `positions="learned"` swaps in a learned absolute table of max_len rows (+max_len * d);
-`positions="rotary"` adds nothing to the input and turns each head's queries and keys by their positions (`rotate`),
-parameter-free, for the default attention only (a held-out probe found no gain: results/benchmark/cpu_baseline_probes).
+Position code. The default is a parameter-free sinusoidal code (`positions="sinusoidal"`, the function of the
+4-tensor's Stage B), with bias-free attention maps and standard nn.Linear / nn.LayerNorm elsewhere: the policy
+that reproduces the paper's parameter totals (175.9M, 226.2M; docs/predictor.md says how they pin it down).
+`positions="learned"` swaps in a learned absolute table of max_len rows (+max_len * d); `positions="rotary"` adds
+nothing to the input and turns each head's queries and keys by their positions (`rotate`), parameter-free, for
+the default attention only.
 
-Attention kind (issue 7). `attention` picks the self-attention of every block from the 1-D attention
+Attention kind. `attention` picks the self-attention of every block from the 1-D attention
 family of the Tucker Attention paper (`world_model.models.attention_family`): "mha" (default), "gqa"
 (`n_kv_heads`), "mla" (`mla_kv_rank`, optional `mla_q_rank`, `mla_shared_kv`) or "tucker"
 (`tucker_ranks` (r_1, r_2, r_3) of W, optional `tucker_ranks_out` of W~), with `bitlinear` for ternary

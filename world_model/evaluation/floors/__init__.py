@@ -1,4 +1,4 @@
-"""Count floors for L_S(4): predictors of S(4)'s tokens that learn nothing a network would need to learn (issue 13).
+"""Count floors for L_S(4): predictors of S(4)'s tokens that learn nothing a network would need to learn.
 
 Four floors, each a distribution over the ids of the vocabulary but padding (padding is never a target; the unknown
 id is an ordinary outcome, as it is for the models' softmax), weakest first:
