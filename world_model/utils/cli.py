@@ -1,0 +1,149 @@
+"""How every `python -m` command ends (docs/commands.md): one exit-code convention, one `error:` line, and the
+stop signals handled alike.
+
+    exit 0    success (warnings go to stderr)
+    exit 2    bad input or settings: one line `error: ...` naming the file or flag
+    exit 1    an internal failure: one line, and `--verbose` shows the traceback
+    128 + n   stopped by signal n (SIGINT 130, SIGTERM 143, SIGHUP 129): one line, staging removed
+
+`run_command(work, verbose)` runs a command's work under these rules; `check_device` and `check_writable` are the
+checks a command makes before loading models or reading data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import tempfile
+import threading
+import traceback
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+INPUT_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)  # the project's input errors derive from these
+
+
+class UsageError(ValueError):
+    """Bad input or settings found by a command's checks; the message names the file or flag."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal (SIGINT, SIGTERM or SIGHUP) arrived; unwinds like Ctrl-C so staging folders are removed."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def signal_name(err: KeyboardInterrupt) -> str:
+    return signal.Signals(getattr(err, "signum", signal.SIGINT)).name
+
+
+def exit_code(err: KeyboardInterrupt) -> int:
+    """128 + the signal's number (a bare KeyboardInterrupt counts as SIGINT)."""
+    return 128 + int(getattr(err, "signum", signal.SIGINT))
+
+
+def raise_interrupted(signum: int, frame) -> None:
+    """Signal handler: ignore further stop signals while the first one unwinds (cleanup is not cut short), and
+    raise `Interrupted`."""
+    for other in STOP_SIGNALS:
+        signal.signal(other, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def stop_signals_raise() -> Iterator[None]:
+    """Inside the block SIGINT, SIGTERM and SIGHUP raise `Interrupted` (only in the main thread, where handlers can
+    be set); the previous handlers are restored afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, raise_interrupted) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def run_command(
+    work: Callable[[], int | None],
+    verbose: bool = False,
+    on_interrupt: str = "",
+    input_errors: tuple[type[BaseException], ...] = INPUT_ERRORS,
+) -> int:
+    """Run a command's `work` (its exit code, or None for 0) under the convention of the module docstring.
+    `on_interrupt` is added to the line a stop signal prints (e.g. how to resume); `input_errors` are the
+    exception types that mean bad input or settings (exit 2); any other exception is an internal failure (exit 1).
+    With `verbose` the traceback of an error is printed too."""
+    try:
+        with stop_signals_raise():
+            return work() or EXIT_OK
+    except KeyboardInterrupt as err:
+        print(f"\ninterrupted by {signal_name(err)}" + (f"; {on_interrupt}" if on_interrupt else ""), file=sys.stderr)
+        return exit_code(err)
+    except input_errors as err:
+        if verbose:
+            traceback.print_exc()
+        print(f"error: {one_line(err)}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as err:
+        if verbose:
+            traceback.print_exc()
+        hint = "" if verbose else "; rerun with --verbose for the traceback"
+        print(f"error: internal failure ({type(err).__name__}: {one_line(err)}){hint}", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def one_line(err: BaseException) -> str:
+    """The error's message on one line (an OSError without one says its errno text and file)."""
+    if isinstance(err, OSError) and err.strerror and str(err).startswith("["):
+        text = f"{err.filename}: {err.strerror}" if err.filename else err.strerror
+    else:
+        text = str(err) or type(err).__name__
+    return " ".join(text.split())
+
+
+def check_device(device: str | None, flag: str = "--device") -> None:
+    """A UsageError unless `device` (None: the default) names a torch device this machine has."""
+    if device is None:
+        return
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise UsageError(f"{flag} {device!r} is not a device; use cpu, cuda, cuda:N or mps") from None
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise UsageError(f"{flag} {device}: this machine has no CUDA GPU (torch sees none); use --device cpu")
+        if parsed.index is not None and parsed.index >= count:
+            raise UsageError(f"{flag} {device}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
+    elif parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise UsageError(f"{flag} {device}: MPS is not available on this machine; use --device cpu")
+    elif parsed.type not in ("cpu", "cuda", "mps"):
+        raise UsageError(f"{flag} {device!r}: only cpu, cuda, cuda:N and mps are supported")
+
+
+def check_writable(path: str | os.PathLike, flag: str = "--out") -> None:
+    """A UsageError unless a file or folder can be created at `path`: its nearest existing ancestor must be a
+    folder that a file can be written in (tried with a temporary file, which is removed; nothing else is made)."""
+    path = Path(path)
+    if path.name in ("", ".", ".."):
+        raise UsageError(f"{flag} {str(path)!r} does not name a new file or folder; give one such as runs/mine")
+    ancestor = path.parent.absolute()
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UsageError(f"{flag} {path}: {ancestor} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=ancestor):
+            pass
+    except OSError as err:
+        raise UsageError(f"{flag} {path} cannot be written: {ancestor}: {err.strerror or err}") from None
