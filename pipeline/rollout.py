@@ -102,7 +102,7 @@ def run_rollout(
     check_device(models.device)
     plan = make_plan(models, frames)
     video = Path(video)
-    with run_folder(output.out_dir, video, output.overwrite) as (out_dir, staging):
+    with run_folder(output.out_dir, output.overwrite, video.stem) as (out_dir, staging):
         record, observed, rendered = run_in(staging, video, steps, plan, generation, output, report)
         replace_dir(staging, out_dir)
     report(1.0, "done")
@@ -273,7 +273,9 @@ def parse_args(
         "--steps", type=int, default=5, help=f"predicted future states (default 5, at most {MAX_STEPS})"
     )
     parser.add_argument(
-        "--verbose", action="store_true", help="keep the libraries' loading bars and advisory warnings on stderr; an error shows its traceback"
+        "--verbose",
+        action="store_true",
+        help="libraries' loading bars and warnings on stderr; an error shows its traceback",
     )
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error (as --verbose does)")
     models, frames, generation, output, rest = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)

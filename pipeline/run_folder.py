@@ -21,13 +21,13 @@ class RunFolderError(ValueError):
 
 
 @contextlib.contextmanager
-def run_folder(out_dir: Path | None, video: Path, overwrite: bool) -> Iterator[tuple[Path, Path]]:
+def run_folder(out_dir: Path | None, overwrite: bool, name: str = "run") -> Iterator[tuple[Path, Path]]:
     """Claim the run folder and make its staging folder: yields (run folder, staging folder). `out_dir` None picks
-    `runs/<clip>-<time>`, with `-2`, `-3`, ... added when another run has that name (two runs in one second
+    `runs/<name>-<time>`, with `-2`, `-3`, ... added when another run has that name (two runs in one second
     each get their own). An explicit `out_dir` that holds files (unless `overwrite`) or that another run holds is a
     RunFolderError. The staging folder, and folders made for the run, are removed when the block raises."""
     with contextlib.ExitStack() as stack:
-        out_dir = stack.enter_context(claim_default(video) if out_dir is None else claim_explicit(out_dir, overwrite))
+        out_dir = stack.enter_context(claim_default(name) if out_dir is None else claim_explicit(out_dir, overwrite))
         try:
             staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.partial-"))
         except OSError as err:
@@ -58,9 +58,9 @@ def claim_explicit(out_dir: Path, overwrite: bool) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def claim_default(video: Path) -> Iterator[Path]:
-    """Hold the first free `runs/<clip>-<time>[-k]` for this run."""
-    base = Path("runs") / f"{video.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+def claim_default(name: str) -> Iterator[Path]:
+    """Hold the first free `runs/<name>-<time>[-k]` for this run."""
+    base = Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_out(base)
     for k in itertools.count(1):
         out_dir = base if k == 1 else base.with_name(f"{base.name}-{k}")

@@ -48,10 +48,10 @@ from world_model.data.rocstories import (
 )
 from world_model.evaluation import story_cloze as sc
 from world_model.evaluation.floors import FLOORS, floor_report, floor_settings
-from world_model.models.checkpoint import CheckpointError
 from world_model.models.precision import PRECISIONS, autocast
 from world_model.models.registry import count_parameters, load_model
 from world_model.text.vocab import Vocabulary
+from world_model.utils.cli import add_verbose, check_device, check_writable, run_command
 from world_model.utils.eval_mode import eval_mode
 from world_model.utils.files import write_json_atomic
 from world_model.utils.hub import default_device
@@ -284,18 +284,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0,
         help="validate on the last H training stories (a run's training.holdout_stories) instead of the cloze stories",
     )
+    add_verbose(parser)
     args = parser.parse_args(argv)
     if args.batch_size < 1:
         parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.holdout < 0:
         parser.error(f"--holdout must be >= 0, got {args.holdout}")
-    try:
-        result = evaluate_checkpoint(
-            args.checkpoint, args.data, args.batch_size, args.device, args.precision, args.holdout
-        )
-    except (DataError, CheckpointError, FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    return run_command(lambda: evaluate_command(args), verbose=args.verbose)
+
+
+def evaluate_command(args: argparse.Namespace) -> None:
+    """The command's work: check the device and --out first, then evaluate, print and write."""
+    check_device(args.device)
+    if args.out:
+        check_writable(args.out)
+    result = evaluate_checkpoint(args.checkpoint, args.data, args.batch_size, args.device, args.precision, args.holdout)
     print_result(result)
     if result["unknown_tokens"]:
         print(
@@ -304,7 +307,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(args.out, result)
-    return 0
 
 
 if __name__ == "__main__":

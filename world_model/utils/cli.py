@@ -12,6 +12,7 @@ checks a command makes before loading models or reading data.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -36,9 +37,15 @@ class UsageError(ValueError):
 class Interrupted(KeyboardInterrupt):
     """A stop signal (SIGINT, SIGTERM or SIGHUP) arrived; unwinds like Ctrl-C so staging folders are removed."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, note: str = ""):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+        self.note = note  # what the interrupted work left, for the one line the command prints
+
+
+def as_interrupted(err: KeyboardInterrupt, note: str) -> Interrupted:
+    """`err` (Ctrl-C or a stop signal) as an `Interrupted` that carries `note`."""
+    return Interrupted(int(getattr(err, "signum", signal.SIGINT)), note)
 
 
 def signal_name(err: KeyboardInterrupt) -> str:
@@ -87,7 +94,8 @@ def run_command(
         with stop_signals_raise():
             return work() or EXIT_OK
     except KeyboardInterrupt as err:
-        print(f"\ninterrupted by {signal_name(err)}" + (f"; {on_interrupt}" if on_interrupt else ""), file=sys.stderr)
+        note = getattr(err, "note", "") or on_interrupt
+        print(f"\ninterrupted by {signal_name(err)}" + (f"; {note}" if note else ""), file=sys.stderr)
         return exit_code(err)
     except input_errors as err:
         if verbose:
@@ -100,6 +108,11 @@ def run_command(
         hint = "" if verbose else "; rerun with --verbose for the traceback"
         print(f"error: internal failure ({type(err).__name__}: {one_line(err)}){hint}", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def add_verbose(parser: argparse.ArgumentParser) -> None:
+    """The `--verbose` flag every command has: an error shows its traceback."""
+    parser.add_argument("--verbose", action="store_true", help="show the traceback of an error")
 
 
 def one_line(err: BaseException) -> str:
