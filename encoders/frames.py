@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 # Gaps longer than this are seeked over rather than decoded through with grab(). A seek restarts
 # decoding at the previous keyframe, so it only pays off for gaps longer than a typical GOP.
 SEEK_GAP_SECONDS = 5.0
+PLAN_PER_FRAME = 10  # sampling times planned per frame of the clip at most (intervals shorter than a frame)
 MIN_SIDE = 16  # pixels: a smaller frame shows nothing a captioner could name
 
 
@@ -189,13 +190,13 @@ def _shortfall(path: Path, pts: float, info: VideoInfo, got: int, planned: int, 
 
 
 def check_interval(path: Path, info: VideoInfo, interval: float) -> None:
-    """A VideoError when sampling every `interval` seconds would plan more times than the clip has frames (an
-    interval shorter than a frame: the plan would grow without bound in memory and time before it is thinned)."""
+    """A VideoError when sampling every `interval` seconds would plan far more times than the clip has frames (an
+    interval much shorter than a frame: the plan would grow without bound in memory and time before it is thinned)."""
     planned = info.duration / interval
-    if planned > max(info.frame_count, info.duration * info.fps) + 1:
+    if planned > PLAN_PER_FRAME * max(info.frame_count, info.duration * info.fps) + 100:
         raise VideoError(
             f"--interval {interval:g} is shorter than one frame of {path.name} ({1 / info.fps:.3g}s at {info.fps:g} "
-            f"fps): it would plan {planned:.3g} frames of the clip's {info.frame_count}; use at least {1 / info.fps:.3g}"
+            f"fps): it would plan {planned:.3g} samples of the clip's {info.frame_count} frames; use at least {1 / info.fps:.3g}"
         )
 
 

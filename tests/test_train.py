@@ -435,7 +435,7 @@ def test_bad_config_and_data_fail_before_training(data_dir, tmp_path, capsys):
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     config = tmp_path / "bad.yaml"
     config.write_text("model: {type: four_tensor}\ntrainng: {lr: 0.1}\n")
-    assert train_mod.main(["--config", str(config), "--data", str(data_dir), "--out", str(tmp_path / "c")]) == 1
+    assert train_mod.main(["--config", str(config), "--data", str(data_dir), "--out", str(tmp_path / "c")]) == 2
     assert "trainng" in capsys.readouterr().err
 
 
@@ -575,7 +575,7 @@ def test_evaluate_cli_matches_the_best_epoch(reference, data_dir, tmp_path, caps
         "references",
     ]  # no training file
     assert "floors: none (no training file" in capsys.readouterr().out
-    assert evaluate_main(["--checkpoint", str(tmp_path), "--data", str(data_dir)]) == 1
+    assert evaluate_main(["--checkpoint", str(tmp_path), "--data", str(data_dir)]) == 2
 
 
 def test_evaluate_holdout_scores_a_held_out_run_on_its_own_slice_with_floors_fitted_before_it(
@@ -597,7 +597,7 @@ def test_evaluate_holdout_scores_a_held_out_run_on_its_own_slice_with_floors_fit
     cloze = json.loads(result_path.read_text())
     assert cloze["validation"] == "the cloze stories" and cloze["validation_windows"] == 10
     assert cloze["floors"]["train_windows"] == 40
-    assert evaluate_main([*args, "--holdout", "40"]) == 1
+    assert evaluate_main([*args, "--holdout", "40"]) == 2
     assert "leaves none of the 40 training stories" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         evaluate_main([*args, "--holdout", "-1"])

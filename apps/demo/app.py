@@ -173,23 +173,25 @@ def launch_demo(demo: gr.Blocks, config: DemoConfig | None = None, **kwargs):
 
 
 def parse_args(argv: list[str] | None) -> DemoConfig:
+    """The settings of the command line; a ValueError for a value out of range."""
     parser = HfArgumentParser(
         DemoConfig,
         prog="python -m apps.demo",
         description=demo_package.__doc__.split("\n\n")[0],
         formatter_class=argparse.HelpFormatter,
     )
-    try:
-        (config,) = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
-    except ValueError as err:
-        parser.error(str(err))
+    (config,) = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
     return config
 
 
 def main(argv: list[str] | None = None) -> int:
     """Serve the demo until a stop signal; exit 2 with one `error:` line for bad settings, 128 + n on signal n (the
     folders of requests still running are removed)."""
-    config = parse_args(argv)
+    try:
+        config = parse_args(argv)
+    except ValueError as err:  # a setting out of range (the dataclass checks itself)
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     return run_command(lambda: serve(config), on_interrupt="server stopped")
