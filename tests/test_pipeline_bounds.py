@@ -74,7 +74,9 @@ def test_a_stop_signal_mid_run_removes_the_staging_folder(parts, tmp_path, monke
         code = main([str(parts["clip"]), "--steps", "1", "--out", str(tmp_path / "run"), *model_args(parts)])
     assert code == 128 + signum
     err = capsys.readouterr().err
-    assert err.strip() == f"interrupted by {signal.Signals(signum).name}; nothing was written" and "Traceback" not in err
+    assert (
+        err.strip() == f"interrupted by {signal.Signals(signum).name}; nothing was written" and "Traceback" not in err
+    )
     assert list(tmp_path.iterdir()) == [], "no run folder, no hidden staging folder and no lock file"
     assert {s: signal.getsignal(s) for s in before} == before
 
