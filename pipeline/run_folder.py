@@ -60,7 +60,7 @@ def claim_explicit(out_dir: Path, overwrite: bool) -> Iterator[Path]:
 @contextlib.contextmanager
 def claim_default(name: str) -> Iterator[Path]:
     """Hold the first free `runs/<name>-<time>[-k]` for this run."""
-    base = Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    base = Path("runs") / f"{name}-{timestamp()}"
     check_out(base)
     for k in itertools.count(1):
         out_dir = base if k == 1 else base.with_name(f"{base.name}-{k}")
@@ -72,6 +72,11 @@ def claim_default(name: str) -> Iterator[Path]:
                 return
         except FolderInUse:
             continue
+
+
+def timestamp() -> str:
+    """The local time to the second, as default run folders are named: 20261206-182659."""
+    return time.strftime("%Y%m%d-%H%M%S")
 
 
 def check_out(out_dir: Path) -> None:

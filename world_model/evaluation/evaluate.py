@@ -168,12 +168,12 @@ def evaluate_checkpoint(
     if holdout < 0:
         raise ValueError(f"holdout must be >= 0, got {holdout}")
     device = str(default_device(device))
-    model = load_model(checkpoint, device=device)
-    vocab = Vocabulary.load(Path(checkpoint))
-    if holdout:
+    if holdout:  # the data is read first: a DataError comes before the model loads
         train_stories, val_stories = load_corpus(data_dir).split(holdout)
     else:
         train_stories, val_stories = None, load_validation_stories(data_dir)
+    model = load_model(checkpoint, device=device)
+    vocab = Vocabulary.load(Path(checkpoint))
     windows, stats = encode_stories(val_stories, vocab, getattr(model.config, "n_tokens", 16))
     metrics = evaluate_windows(model, windows, batch_size, device, precision)
     n = windows.shape[2]

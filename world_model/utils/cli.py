@@ -131,7 +131,7 @@ def check_device(device: str | None, flag: str = "--device") -> None:
     try:
         parsed = torch.device(device)
     except (RuntimeError, ValueError, TypeError):
-        raise UsageError(f"{flag} {device!r} is not a device; use cpu, cuda, cuda:N or mps") from None
+        raise UsageError(f"{flag} {device} is not a device; use cpu, cuda, cuda:N or mps") from None
     if parsed.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
@@ -141,7 +141,7 @@ def check_device(device: str | None, flag: str = "--device") -> None:
     elif parsed.type == "mps" and not torch.backends.mps.is_available():
         raise UsageError(f"{flag} {device}: MPS is not available on this machine; use --device cpu")
     elif parsed.type not in ("cpu", "cuda", "mps"):
-        raise UsageError(f"{flag} {device!r}: only cpu, cuda, cuda:N and mps are supported")
+        raise UsageError(f"{flag} {device}: only cpu, cuda, cuda:N and mps are supported")
 
 
 def check_writable(path: str | os.PathLike, flag: str = "--out") -> None:
