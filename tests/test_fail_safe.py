@@ -334,6 +334,7 @@ def test_a_second_train_into_a_held_out_is_refused(tmp_path, capsys):
         (train_module.main, ["--config", CONFIG, "--data", "{tmp}/nowhere", "--out", "{tmp}/run"], "nowhere"),
         (train_module.main, ["--config", "{tmp}/missing.yaml", "--data", "{tmp}", "--out", "{tmp}/run"], "missing"),
         (evaluate_module.main, ["--checkpoint", "{tmp}/none", "--data", "{tmp}"], "cloze_test"),
+        (evaluate_module.main, ["--checkpoint", "{tmp}", "--data", "{tmp}", "--device", "bogus"], "--device bogus"),
         (benchmark_main, ["--preset", "nope", "--data", "{tmp}", "--out", "{tmp}/bench"], "nope"),
         (benchmark_main, ["--preset", "cpu", "--data", "{tmp}", "--out", "{tmp}/b", "--seeds", "x"], "--seeds"),
     ],
@@ -376,6 +377,21 @@ def test_bad_demo_flags_are_refused_before_the_server_starts(tmp_path, capsys, m
     code, err = run([a.format(file=file) for a in args], capsys, demo_app.main)
     assert code == 2 and not started
     assert_one_error(err, says.format(file=file))
+
+
+def test_a_stop_signal_stops_the_demo_with_its_exit_code(tmp_path, capsys, monkeypatch):
+    def serve_until_signalled(demo, config):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except KeyboardInterrupt:  # Gradio closes the server and returns quietly
+            pass
+
+    monkeypatch.setattr(demo_app, "build_demo", lambda config: None)
+    monkeypatch.setattr(demo_app, "launch_demo", serve_until_signalled)
+    code, err = run(["--temp-root", tmp_path / "runs"], capsys, demo_app.main)
+    assert code == 128 + signal.SIGTERM
+    assert err.strip().endswith("interrupted by SIGTERM; server stopped")
 
 
 # ----- row 14: messages that say what is true -----
