@@ -22,6 +22,9 @@ in one process) is shown separately and is not part of the shares.
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import json
 import math

@@ -15,6 +15,9 @@ with `--on-unknown stop`.
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import logging
 import os

@@ -179,6 +179,27 @@ def test_a_stop_signal_ends_a_rollout_with_one_line_and_nothing_left(models, cli
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rendering"], "no run, staging, lock or made folder left"
 
 
+QUIET_START = """
+import importlib.util, os, signal, sys, time
+sys.modules["__main__"].__spec__ = importlib.util.find_spec(sys.argv[1])  # as `python -m MODULE` sets it
+import world_model.utils.quiet_start
+os.kill(os.getpid(), signal.SIGTERM)  # while the command's libraries would be importing
+time.sleep(5)
+"""
+
+
+@pytest.mark.parametrize("program, stopped", [("pipeline.rollout", True), ("pytest", False)])
+def test_a_signal_while_a_command_starts_exits_with_one_line(program, stopped):
+    proc = subprocess.run(
+        [sys.executable, "-c", QUIET_START, program], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    if stopped:
+        assert proc.returncode == 128 + signal.SIGTERM
+        assert proc.stderr.strip() == "interrupted by SIGTERM while starting; nothing was written"
+    else:  # not a project command: the import changes nothing, and SIGTERM kills as it always does
+        assert proc.returncode == -signal.SIGTERM and proc.stderr == ""
+
+
 # ----- rows 2, 5, 7, 9: checks before work -----
 def test_an_interval_far_shorter_than_a_frame_is_refused_before_any_model_loads(models, clip, tmp_path, capsys):
     args = [clip, "--interval", "1e-9", "--steps", "1", "--max-frames", "4", "--out", tmp_path / "run"]

@@ -19,10 +19,10 @@ from apps.demo.config import COMPONENTS, CUSTOM, MAX_STEPS, RUN_MAX_AGE_S, DemoC
 from apps.demo.run import handle_run, remove_unfinished
 from pipeline.presets import PresetError, choose_preset
 from world_model.utils.cli import (
-    STOP_SIGNALS,
     Interrupted,
     check_device,
     check_writable,
+    handled_signals,
     raise_interrupted,
     run_command,
 )
@@ -210,7 +210,7 @@ def serve(config: DemoConfig) -> None:
         except PresetError as err:
             print(f"warning: {err}", file=sys.stderr)
     arrived: list[int] = []
-    previous = {signum: signal.signal(signum, stop_on_signal(arrived)) for signum in STOP_SIGNALS}
+    previous = {signum: signal.signal(signum, stop_on_signal(arrived)) for signum in handled_signals()}
     try:
         launch_demo(demo, config)  # blocks until a stop signal
     finally:

@@ -30,6 +30,9 @@ renamed into place when complete. ``evaluate_world(...)`` is the same as a Pytho
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import json
 import shlex

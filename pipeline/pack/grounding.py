@@ -13,6 +13,9 @@ image, written as MP4 and read back as a user's clip is; the target is all), wit
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import json
 import sys

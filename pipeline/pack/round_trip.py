@@ -12,6 +12,9 @@ type of the synthetic world. It compares renderer runs on the same footing, with
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import json
 import sys

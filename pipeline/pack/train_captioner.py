@@ -22,6 +22,9 @@ DIR receives
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import dataclasses
 import sys

@@ -22,6 +22,9 @@ stops training after the current step and saves.
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import copy
 import signal

@@ -17,6 +17,9 @@ the numbers depend on the machine and its load.
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import json
 import resource

@@ -14,6 +14,9 @@ stories and measured on the same held-out tokens, are reported beside them. OUT 
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import json
 import shlex

@@ -54,6 +54,9 @@ markdown.py and notes.py (results.md), paper.py (the paper's numbers), attention
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import datetime
 import json

@@ -10,6 +10,9 @@ with the right ending as sentence 5.
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import csv
 import json

@@ -25,6 +25,9 @@ before them, so nothing they read was scored):
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import math
 import os

@@ -24,6 +24,9 @@ Measures, for one predicted sentence per context:
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import json
 import sys

@@ -15,6 +15,9 @@ window's names (`world_model.generation.sentence_bank`; the shipped predictor ha
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import json
 import sys

@@ -21,6 +21,9 @@ any folder with one reads its states off the bank unless told otherwise (`resolv
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import gzip
 import json

@@ -10,6 +10,9 @@ the folder's sentence bank from the training stories (`world_model.generation.se
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import json
 import sys

@@ -23,7 +23,7 @@ from world_model.models.precision import autocast
 from world_model.training.batches import EpochOrderSampler, ProcessBatches, WindowDataset, derived_seed, stack_batch
 from world_model.training.config import TrainingConfig
 from world_model.training.schedule import learning_rate
-from world_model.utils.cli import STOP_SIGNALS, Interrupted
+from world_model.utils.cli import Interrupted, handled_signals
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -66,15 +66,18 @@ def stop_reason(history: Sequence[dict], max_epochs: int, patience: int, toleran
 # ----- the process-wide settings of a run -----
 @contextlib.contextmanager
 def signals_held():
-    """Inside the block the stop signals (SIGINT, SIGTERM, SIGHUP) wait: the first one that arrives is raised as the
-    block ends (what the handler outside the block raises, else `Interrupted`), so the block's work, such as the
-    save of an epoch, is never cut in half. An exception raised at an arbitrary point can also land inside an
-    import, where Python turns it into a RuntimeError. Only in the main thread, where handlers can be set."""
+    """Inside the block the stop signals (SIGINT, SIGTERM, SIGHUP; not those the process ignores) wait: the first
+    one that arrives is raised as the block ends (what the handler outside the block raises, else `Interrupted`), so
+    the block's work, such as the save of an epoch, is never cut in half. An exception raised at an arbitrary point
+    can also land inside an import, where Python turns it into a RuntimeError. Only in the main thread, where
+    handlers can be set."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     arrived: list[int] = []
-    previous = {signum: signal.signal(signum, lambda signum, frame: arrived.append(signum)) for signum in STOP_SIGNALS}
+    previous = {
+        signum: signal.signal(signum, lambda signum, frame: arrived.append(signum)) for signum in handled_signals()
+    }
     try:
         yield
     finally:

@@ -20,6 +20,9 @@ the epoch budget is exhausted. One epoch of training is world_model.training.loo
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import contextlib
 import json

@@ -65,14 +65,20 @@ def raise_interrupted(signum: int, frame) -> None:
     raise Interrupted(signum)
 
 
+def handled_signals() -> list[int]:
+    """The stop signals this process handles: those it does not ignore. A signal ignored from the start stays
+    ignored (`nohup` ignores SIGHUP so that a run outlives its terminal; a shell's background job ignores SIGINT)."""
+    return [signum for signum in STOP_SIGNALS if signal.getsignal(signum) != signal.SIG_IGN]
+
+
 @contextlib.contextmanager
 def stop_signals_raise() -> Iterator[None]:
     """Inside the block SIGINT, SIGTERM and SIGHUP raise `Interrupted` (only in the main thread, where handlers can
-    be set); the previous handlers are restored afterwards."""
+    be set, and not those the process ignores: `handled_signals`); the previous handlers are restored afterwards."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {signum: signal.signal(signum, raise_interrupted) for signum in STOP_SIGNALS}
+    previous = {signum: signal.signal(signum, raise_interrupted) for signum in handled_signals()}
     try:
         yield
     finally:

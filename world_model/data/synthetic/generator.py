@@ -10,6 +10,9 @@ Output of ``generate``: ``DIR/<split>/episode_00000.mp4`` (H.264, ``fps`` frames
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import json
 import os

@@ -29,6 +29,9 @@ or, for whole checkpoints beside copy-last and the simulator's ceiling (a Markdo
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import json
 import math
 import os
