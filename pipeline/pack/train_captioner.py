@@ -368,9 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = dataclass_from_args(TrainConfig, args)
     torch.set_num_threads(args.threads)
     return run_command(
-        lambda: (
-            train(args.data, args.out, config, max_minutes=args.max_minutes, progress=not args.no_progress) and None
-        ),
+        lambda: train(args.data, args.out, config, max_minutes=args.max_minutes, progress=not args.no_progress),
         verbose=args.verbose,
         input_errors=(*INPUT_ERRORS, TrainingStopped),
     )

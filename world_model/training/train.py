@@ -404,20 +404,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_verbose(parser)
     args = parser.parse_args(argv)
     return run_command(
-        lambda: (
-            train(
-                args.config,
-                args.data,
-                args.out,
-                resume=args.resume,
-                max_epochs=args.max_epochs,
-                max_minutes=args.max_minutes,
-                train_subset=args.train_subset,
-                seed=args.seed,
-                precision=args.precision,
-                progress=not args.no_progress,
-            )
-            and None
+        lambda: train(
+            args.config,
+            args.data,
+            args.out,
+            resume=args.resume,
+            max_epochs=args.max_epochs,
+            max_minutes=args.max_minutes,
+            train_subset=args.train_subset,
+            seed=args.seed,
+            precision=args.precision,
+            progress=not args.no_progress,
         ),
         verbose=args.verbose,
     )

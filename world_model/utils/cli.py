@@ -43,18 +43,14 @@ class Interrupted(KeyboardInterrupt):
         self.note = note  # what the interrupted work left, for the one line the command prints
 
 
+def signal_of(err: KeyboardInterrupt) -> int:
+    """The stop signal behind `err` (a bare KeyboardInterrupt is Ctrl-C: SIGINT)."""
+    return int(getattr(err, "signum", signal.SIGINT))
+
+
 def as_interrupted(err: KeyboardInterrupt, note: str) -> Interrupted:
     """`err` (Ctrl-C or a stop signal) as an `Interrupted` that carries `note`."""
-    return Interrupted(int(getattr(err, "signum", signal.SIGINT)), note)
-
-
-def signal_name(err: KeyboardInterrupt) -> str:
-    return signal.Signals(getattr(err, "signum", signal.SIGINT)).name
-
-
-def exit_code(err: KeyboardInterrupt) -> int:
-    """128 + the signal's number (a bare KeyboardInterrupt counts as SIGINT)."""
-    return 128 + int(getattr(err, "signum", signal.SIGINT))
+    return Interrupted(signal_of(err), note)
 
 
 def raise_interrupted(signum: int, frame) -> None:
@@ -87,22 +83,23 @@ def stop_signals_raise() -> Iterator[None]:
 
 
 def run_command(
-    work: Callable[[], int | None],
+    work: Callable[[], object],
     verbose: bool = False,
     on_interrupt: str = "",
     input_errors: tuple[type[BaseException], ...] = INPUT_ERRORS,
 ) -> int:
-    """Run a command's `work` (its exit code, or None for 0) under the convention of the module docstring.
-    `on_interrupt` is added to the line a stop signal prints (e.g. how to resume); `input_errors` are the
-    exception types that mean bad input or settings (exit 2); any other exception is an internal failure (exit 1).
-    With `verbose` the traceback of an error is printed too."""
+    """Run a command's `work` under the convention of the module docstring: an int it returns is the exit code,
+    anything else means 0. `on_interrupt` is added to the line a stop signal prints (e.g. how to resume);
+    `input_errors` are the exception types that mean bad input or settings (exit 2); any other exception is an
+    internal failure (exit 1). With `verbose` the traceback of an error is printed too."""
     try:
         with stop_signals_raise():
-            return work() or EXIT_OK
+            code = work()
+        return code if isinstance(code, int) else EXIT_OK
     except KeyboardInterrupt as err:
-        note = getattr(err, "note", "") or on_interrupt
-        print(f"\ninterrupted by {signal_name(err)}" + (f"; {note}" if note else ""), file=sys.stderr)
-        return exit_code(err)
+        signum, note = signal_of(err), getattr(err, "note", "") or on_interrupt
+        print(f"\ninterrupted by {signal.Signals(signum).name}" + (f"; {note}" if note else ""), file=sys.stderr)
+        return 128 + signum
     except input_errors as err:
         if verbose:
             traceback.print_exc()
