@@ -349,6 +349,16 @@ def test_a_second_train_into_a_held_out_is_refused(tmp_path, capsys):
     assert_one_error(err, f"--out {out} is in use")
 
 
+def test_train_refuses_an_out_that_holds_other_files(tmp_path, capsys):
+    out = tmp_path / "photos"
+    out.mkdir()
+    (out / "holiday.jpg").write_bytes(b"mine")
+    code, err = run(["--config", CONFIG, "--data", tmp_path, "--out", out], capsys, train_module.main)
+    assert code == 2
+    assert_one_error(err, f"--out {out} holds files that are not a training run (holiday.jpg)")
+    assert sorted(p.name for p in out.iterdir()) == ["holiday.jpg"]
+
+
 @pytest.mark.parametrize(
     "main, args, says",
     [
