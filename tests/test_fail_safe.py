@@ -366,6 +366,7 @@ def test_train_refuses_an_out_that_holds_other_files(tmp_path, capsys):
         (train_module.main, ["--config", "{tmp}/missing.yaml", "--data", "{tmp}", "--out", "{tmp}/run"], "missing"),
         (evaluate_module.main, ["--checkpoint", "{tmp}/none", "--data", "{tmp}"], "cloze_test"),
         (evaluate_module.main, ["--checkpoint", "{tmp}", "--data", "{tmp}", "--device", "bogus"], "--device bogus"),
+        (evaluate_module.main, ["--checkpoint", "{tmp}", "--data", "{tmp}", "--out", "{tmp}"], "is a folder"),
         (benchmark_main, ["--preset", "nope", "--data", "{tmp}", "--out", "{tmp}/bench"], "nope"),
         (benchmark_main, ["--preset", "cpu", "--data", "{tmp}", "--out", "{tmp}/b", "--seeds", "x"], "--seeds"),
     ],

@@ -54,7 +54,7 @@ from world_model.evaluation.floors import FLOORS, floor_report, floor_settings
 from world_model.models.precision import PRECISIONS, autocast
 from world_model.models.registry import count_parameters, load_model
 from world_model.text.vocab import Vocabulary
-from world_model.utils.cli import add_verbose, check_device, check_writable, run_command
+from world_model.utils.cli import UsageError, add_verbose, check_device, check_writable, run_command
 from world_model.utils.eval_mode import eval_mode
 from world_model.utils.files import write_json_atomic
 from world_model.utils.hub import default_device
@@ -299,6 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def evaluate_command(args: argparse.Namespace) -> None:
     """The command's work: check the device and --out first, then evaluate, print and write."""
     check_device(args.device)
+    if args.out and args.out.is_dir():
+        raise UsageError(f"--out {args.out} is a folder; give the JSON file's path")
     if args.out:
         check_writable(args.out)
     result = evaluate_checkpoint(args.checkpoint, args.data, args.batch_size, args.device, args.precision, args.holdout)
