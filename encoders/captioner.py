@@ -12,6 +12,7 @@ from typing import Protocol
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from tqdm.auto import tqdm
 from transformers import (
     AutoImageProcessor,
@@ -81,7 +82,7 @@ class HFCaptioner:
             image_processor = AutoImageProcessor.from_pretrained(model_id_or_path)
             tokenizer = AutoTokenizer.from_pretrained(model_id_or_path)
             model = AutoModelForImageTextToText.from_pretrained(model_id_or_path, dtype=dtype)
-        except (OSError, ValueError) as error:
+        except (OSError, ValueError, SafetensorError) as error:
             raise ModelLoadError(explain_load_failure(model_id_or_path, "config.json", error)) from error
         model.to(device).eval()
         reference = FeatureReference.load(model_id_or_path) if Path(model_id_or_path).is_dir() else None

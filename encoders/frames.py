@@ -28,6 +28,7 @@ import contextlib
 import logging
 import math
 import re
+import stat
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ logger = logging.getLogger(__name__)
 # Gaps longer than this are seeked over rather than decoded through with grab(). A seek restarts
 # decoding at the previous keyframe, so it only pays off for gaps longer than a typical GOP.
 SEEK_GAP_SECONDS = 5.0
+PLAN_PER_FRAME = 10  # sampling times planned per frame of the clip at most (intervals shorter than a frame)
 MIN_SIDE = 16  # pixels: a smaller frame shows nothing a captioner could name
 
 
@@ -128,12 +130,14 @@ def sample_frames(
     path = Path(path)
     capture, info = _open(path)
     try:
+        if num_frames is None:
+            check_interval(path, info, interval)
         offsets = [o / info.fps for o in state_offsets(info.fps, interval, frames_per_state)]  # seconds
         last = info.duration - 1 / info.fps  # nominal start of the last frame
         plan = [t for t in _plan(info, interval, num_frames) if t + offsets[-1] <= last + 1e-6]
         if not plan:
             raise VideoError(f"{path} is {info.duration:.2f}s long, shorter than one {interval}s state")
-        warnings = []
+        warnings = [_header_overstates(path, info)] if _header_overstates(path, info) else []
         if len(plan) > max_frames:
             warnings.append(f"{len(plan)} frames planned; evenly thinned to max_frames={max_frames}")
             plan = [plan[k] for k in np.linspace(0, len(plan) - 1, max_frames).round().astype(int)]
@@ -182,6 +186,29 @@ def _shortfall(path: Path, pts: float, info: VideoInfo, got: int, planned: int, 
     return (
         f"{path.name}: the video stream ends at {pts:.2f}s, before the {info.duration:.2f}s the container declares "
         f"(a longer audio track, or rounding); returning the {got} of {planned} planned frames it holds"
+    )
+
+
+def check_interval(path: Path, info: VideoInfo, interval: float) -> None:
+    """A VideoError when sampling every `interval` seconds would plan far more times than the clip has frames (an
+    interval much shorter than a frame: the plan would grow without bound in memory and time before it is thinned)."""
+    planned = info.duration / interval
+    if planned > PLAN_PER_FRAME * max(info.frame_count, info.duration * info.fps) + 100:
+        raise VideoError(
+            f"--interval {interval:g} is shorter than one frame of {path.name} ({1 / info.fps:.3g}s at {info.fps:g} "
+            f"fps): it would plan {planned:.3g} samples of the clip's {info.frame_count} frames; use at least {1 / info.fps:.3g}"
+        )
+
+
+def _header_overstates(path: Path, info: VideoInfo) -> str:
+    """The warning for a file whose header counts more frames than it holds (an AVI cut short keeps its header's
+    frame count; the data, and the container's duration, end earlier), or "" when the two agree."""
+    counted = info.frame_count / info.fps
+    if not info.timed or counted <= info.duration + max(1.0, 0.05 * info.duration):
+        return ""
+    return (
+        f"{path.name}: its header counts {info.frame_count} frames ({counted:.2f}s) but the file holds only "
+        f"{info.duration:.2f}s of them; sampling that part. The file is probably truncated or corrupt."
     )
 
 
@@ -256,6 +283,8 @@ def _open(path: Path) -> tuple[cv2.VideoCapture, VideoInfo]:
         raise VideoError(f"Video file not found: {path}")
     if path.is_dir():
         raise VideoError(f"Expected a video file, got a directory: {path}")
+    if not path.is_file():
+        raise VideoError(f"{path} is not a regular file ({file_kind(path)}); give a video file")
     if path.stat().st_size == 0:
         raise VideoError(f"Video file is empty (0 bytes): {path}")
     capture = _capture(path)
@@ -288,6 +317,13 @@ def _open(path: Path) -> tuple[cv2.VideoCapture, VideoInfo]:
             f"{path} has {info.width}x{info.height} frames; at least {MIN_SIDE}x{MIN_SIDE} pixels are needed"
         )
     return capture, info
+
+
+def file_kind(path: Path) -> str:
+    """What a path that is not a regular file or folder is: a FIFO, a character device, ..."""
+    mode = path.stat().st_mode
+    kinds = {stat.S_ISFIFO: "a FIFO", stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device"}
+    return next((name for test, name in kinds.items() if test(mode)), "a socket or other special file")
 
 
 def _capture(path: Path) -> cv2.VideoCapture:

@@ -21,7 +21,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+
+from world_model.utils.hub import ModelLoadError
 
 REFERENCE_FILE = "grounding.safetensors"
 FEATURE_DISTANCE = "feature_distance"  # lower is closer to the training strips; calibrated
@@ -89,8 +92,11 @@ class FeatureReference:
         path = Path(folder) / REFERENCE_FILE
         if not path.is_file():
             return None
-        tensors = load_file(str(path))
-        return cls(tensors["mean"], tensors["precision"], float(tensors["threshold"][0]))
+        try:
+            tensors = load_file(str(path))
+            return cls(tensors["mean"], tensors["precision"], float(tensors["threshold"][0]))
+        except (SafetensorError, OSError, KeyError, IndexError) as err:
+            raise ModelLoadError(f"{path} is truncated or corrupt and cannot be read ({err}); copy it again") from err
 
 
 def clip_verdict(groundings: list[Grounding | None]) -> dict:

@@ -22,6 +22,9 @@ in one process) is shown separately and is not part of the shares.
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import json
 import math
@@ -38,6 +41,7 @@ import cv2
 import numpy as np
 
 from pipeline.presets import PROJECT_ROOT, PresetError, choose_preset, load_preset, missing_offline_models
+from world_model.utils.cli import UsageError, add_verbose, check_device, check_writable, run_command
 
 STAGES = ("sample_frames", "caption", "predict", "render", "write_outputs")
 # What each stage's per-frame time is divided by.
@@ -257,6 +261,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="time the hub preset's models at full size with random weights instead (no download)",
     )
     parser.add_argument("--device", help="with --real-size: cpu or cuda (default: cuda when present, else cpu)")
+    add_verbose(parser)
     args = parser.parse_args(argv)
     if not (args.seconds > 0 and math.isfinite(args.seconds)):
         parser.error(f"--seconds must be positive, got {args.seconds}")
@@ -269,14 +274,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.real_size:
-        return real_size_main(args)
+    return run_command(lambda: real_size_main(args) if args.real_size else bench_command(args), verbose=args.verbose)
+
+
+def bench_command(args: argparse.Namespace) -> int:
+    """Time one rollout of a generated clip (see the module docstring); 2 when the offline pack is missing."""
+    if args.json:
+        check_writable(args.json, "--json")
     if args.preset == "tiny":
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # only local folders are used: never wait on the hub
     import torch
 
     from pipeline.config import FrameSampling, ModelChoice
-    from pipeline.rollout import RolloutError, run_rollout
+    from pipeline.rollout import run_rollout
 
     if args.preset == "offline":
         try:
@@ -313,9 +323,6 @@ def main(argv: list[str] | None = None) -> int:
                     output=tmp / "run",
                 )
             wall = time.perf_counter() - start
-    except (RolloutError, PresetError, ValueError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     finally:
         torch.set_num_threads(threads)
     result = {
@@ -358,10 +365,12 @@ def real_size_main(args: argparse.Namespace) -> int:
 
     from pipeline.real_size import format_result, measure
 
+    check_device(args.device)
+    if args.json:
+        check_writable(args.json, "--json")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device not in ("cpu", "cuda") or (device == "cuda" and not torch.cuda.is_available()):
-        print(f"error: --device must be cpu or cuda (when CUDA is present), got {device!r}", file=sys.stderr)
-        return 2
+    if device not in ("cpu", "cuda"):
+        raise UsageError(f"--device must be cpu or cuda, got {device!r}")
     if args.threads:
         torch.set_num_threads(args.threads)
     with quiet_libraries():

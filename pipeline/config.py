@@ -70,8 +70,8 @@ class FrameSampling:
             raise ConfigError("--interval and --frames exclude each other: sample by time or by count")
         if self.interval is not None and not (math.isfinite(self.interval) and self.interval > 0):
             raise ConfigError(f"--interval must be a positive number of seconds, got {self.interval}")
-        if self.num_frames is not None and self.num_frames < 1:
-            raise ConfigError(f"--frames must be at least 1, got {self.num_frames}")
+        if self.num_frames is not None and not 1 <= self.num_frames <= MAX_FRAMES:
+            raise ConfigError(f"--frames must be between 1 and {MAX_FRAMES}, got {self.num_frames}")
         if not 1 <= self.max_frames <= MAX_FRAMES:
             raise ConfigError(f"--max-frames must be between 1 and {MAX_FRAMES}, got {self.max_frames}")
         if self.frames_per_state is not None and (

@@ -8,20 +8,20 @@
 both call; its settings are the dataclasses of `pipeline.config` and `world_model.models.generation_config.GenerationConfig`,
 and the command's flags are their fields. A run folder holds the observed and rendered frames, `rollout.json`,
 `storyboard.png`, `rollout.mp4` and `rollout.gif`. It is written beside its destination and renamed into place only
-when complete (also on Ctrl-C or SIGTERM, which remove it). Every caption carries a grounding score
+when complete (a stop signal, Ctrl-C, SIGTERM or SIGHUP, removes it). Every caption carries a grounding score
 (`encoders.grounding`) and the clip a verdict; frames outside the captioner's world are warned about, or refused
 with `--on-unknown stop`.
 """
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import logging
 import os
-import shutil
-import signal
 import sys
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -30,16 +30,16 @@ import numpy as np
 from tqdm.auto import tqdm
 from transformers import HfArgumentParser
 
-from encoders.frames import VideoError, sample_frames
+from encoders.frames import sample_frames
 from encoders.grounding import clip_verdict
 from pipeline.components import load_captioner, load_predictor, load_readout, load_renderer
 from pipeline.config import FrameSampling, ModelChoice, OutputConfig, Plan, make_plan
-from pipeline.presets import PresetError, available_presets
-from pipeline.run_folder import RunFolderError, default_out_dir, prepare_run_dir
+from pipeline.presets import available_presets
+from pipeline.run_folder import run_folder
 from pipeline.run_outputs import rollout_record, window_warnings, write_json, write_outputs
-from world_model.models.checkpoint import CheckpointError
 from world_model.models.generation_config import GenerationConfig
 from world_model.text.windows import caption_window, decode_states
+from world_model.utils.cli import check_device, run_command
 from world_model.utils.files import replace_dir
 from world_model.utils.timing import timed
 
@@ -48,7 +48,7 @@ MAX_STEPS = 64  # predicted states per run
 MAX_SAMPLES = 16  # alternative futures per run
 
 
-class RolloutError(RuntimeError):
+class RolloutError(ValueError):
     """A run cannot go ahead or finish; the message says why and nothing is left half-written."""
 
 
@@ -88,8 +88,9 @@ def run_rollout(
             the renderer; `readout` auto picks each state from the predictor's known sentences, else its
             sentence bank, else reads tokens off freely).
         output: the run folder, or an `OutputConfig` (folder, overwrite, fps of the video, image-to-image from
-            the last observed frame, `on_unknown` warn or stop). Default folder `runs/<clip>-<time>`; a folder
-            that holds files is refused unless `overwrite`.
+            the last observed frame, `on_unknown` warn or stop). Default folder `runs/<clip>-<time>` (with `-2`, `-3`
+            ... when another run took that name); a folder that holds files is refused unless `overwrite`, and
+            one another run is writing is refused.
         progress: optional callback `progress(fraction, message)` (the demo passes gr.Progress).
     """
     models = ModelChoice(preset=models) if isinstance(models, str) else models
@@ -101,19 +102,12 @@ def run_rollout(
         raise RolloutError(f"--steps must be between 1 and {MAX_STEPS}, got {steps}")
     if not 1 <= generation.samples <= MAX_SAMPLES:
         raise RolloutError(f"--samples must be between 1 and {MAX_SAMPLES}, got {generation.samples}")
+    check_device(models.device)
     plan = make_plan(models, frames)
     video = Path(video)
-    out_dir = output.out_dir or default_out_dir(video)
-    try:
-        staging = prepare_run_dir(out_dir, output.overwrite)
-    except RunFolderError as err:
-        raise RolloutError(str(err)) from err
-    try:
+    with run_folder(output.out_dir, output.overwrite, video.stem) as (out_dir, staging):
         record, observed, rendered = run_in(staging, video, steps, plan, generation, output, report)
         replace_dir(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     report(1.0, "done")
     return RolloutResult(out_dir, record, observed, rendered)
 
@@ -249,11 +243,6 @@ def summary(result: RolloutResult) -> str:
     return "\n".join(lines)
 
 
-def stop_on_sigterm(signum, frame) -> None:
-    """SIGTERM ends a run as Ctrl-C does: the exception unwinds through run_rollout, which removes its staging folder."""
-    raise SystemExit(128 + signum)
-
-
 def quiet_libraries() -> None:
     """Silence transformers', diffusers' and huggingface_hub's loading bars and advisory warnings, OpenCV's
     and FFmpeg's decoder messages and the frame sampler's log (its warnings reach the summary anyway)."""
@@ -287,14 +276,18 @@ def parse_args(
         "--steps", type=int, default=5, help=f"predicted future states (default 5, at most {MAX_STEPS})"
     )
     parser.add_argument(
-        "--verbose", action="store_true", help="keep the libraries' loading bars and advisory warnings on stderr"
+        "--verbose",
+        action="store_true",
+        help="libraries' loading bars and warnings on stderr; an error shows its traceback",
     )
-    parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error (as --verbose does)")
     models, frames, generation, output, rest = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
     return rest, models, frames, generation, output
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command: exit 0 with the summary on stdout, 2 with one `error:` line for bad input or settings, 1 for an
+    internal failure, 128 + n on signal n (`world_model.utils.cli.run_command`)."""
     try:
         args, models, frames, generation, output = parse_args(argv)
     except ValueError as err:
@@ -302,27 +295,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not args.verbose:
         quiet_libraries()
-    in_main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
-    previous = signal.signal(signal.SIGTERM, stop_on_sigterm) if in_main_thread else None
-    try:
+
+    def work() -> None:
         print(summary(run_rollout(args.video, args.steps, models, frames, generation, output)))
-    except (RolloutError, PresetError, VideoError, CheckpointError, ValueError, OSError) as err:
-        if args.debug:
-            raise
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except Exception as err:  # a bug or a failure nobody foresaw: one line, not a traceback
-        if args.debug:
-            raise
-        print(
-            f"error: unexpected failure ({type(err).__name__}: {err}); rerun with --debug for the traceback",
-            file=sys.stderr,
-        )
-        return 1
-    finally:
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous)
-    return 0
+
+    return run_command(work, verbose=args.verbose or args.debug, on_interrupt="nothing was written")
 
 
 if __name__ == "__main__":

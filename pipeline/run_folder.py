@@ -1,31 +1,89 @@
-"""A command's output folder: checked before any model work, written as a staging folder beside it, renamed into
-place when complete (``world_model.utils.files.replace_dir``)."""
+"""A command's run folder: claimed before any model work (``world_model.utils.files.claimed``), written as a staging
+folder beside it, renamed into place when complete (``world_model.utils.files.replace_dir``)."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
+
+from world_model.utils.cli import UsageError, check_writable
+from world_model.utils.files import FolderInUse, claimed
 
 
 class RunFolderError(ValueError):
-    """The output folder cannot be used: it is a file, holds files, or cannot be written."""
+    """The output folder cannot be used: it is a file, holds files, is in use, or cannot be written."""
 
 
-def prepare_run_dir(out_dir: Path, overwrite: bool) -> Path:
-    """Check the destination now, before any model work, and make a staging folder beside it."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise RunFolderError(f"{out_dir} is a file, not a folder; choose another --out")
-    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-        raise RunFolderError(f"{out_dir} already holds files; choose another --out or pass --overwrite")
-    try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.partial-"))
+@contextlib.contextmanager
+def run_folder(out_dir: Path | None, overwrite: bool, name: str = "run") -> Iterator[tuple[Path, Path]]:
+    """Claim the run folder and make its staging folder: yields (run folder, staging folder). `out_dir` None picks
+    `runs/<name>-<time>`, with `-2`, `-3`, ... added when another run has that name (two runs in one second
+    each get their own). An explicit `out_dir` that holds files (unless `overwrite`) or that another run holds is a
+    RunFolderError. The staging folder, and folders made for the run, are removed when the block raises."""
+    with contextlib.ExitStack() as stack:
+        out_dir = stack.enter_context(claim_default(name) if out_dir is None else claim_explicit(out_dir, overwrite))
+        try:
+            staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.partial-"))
+        except OSError as err:
+            raise RunFolderError(f"cannot write the run folder {out_dir}: {err.strerror or err}") from err
         staging.chmod(0o755)  # mkdtemp makes it private; a run folder is for reading
-        return staging
-    except OSError as err:
-        raise RunFolderError(f"cannot write the run folder {out_dir}: {err.strerror or err}") from err
+        try:
+            yield out_dir, staging
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
 
 
-def default_out_dir(video: Path) -> Path:
-    return Path("runs") / f"{video.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+@contextlib.contextmanager
+def claim_explicit(out_dir: Path, overwrite: bool) -> Iterator[Path]:
+    """Hold `out_dir` (--out) for this run after checking it can be used."""
+    check_out(out_dir)
+    try:
+        with claimed(out_dir):
+            if out_dir.exists() and not out_dir.is_dir():
+                raise RunFolderError(f"--out {out_dir} is a file, not a folder; choose another --out")
+            if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+                raise RunFolderError(f"--out {out_dir} already holds files; choose another --out or pass --overwrite")
+            yield out_dir
+    except FolderInUse as err:
+        raise RunFolderError(f"{err}; choose another --out") from None
+    except PermissionError as err:
+        raise RunFolderError(f"cannot write the run folder {out_dir}: {err.strerror}") from None
+
+
+@contextlib.contextmanager
+def claim_default(name: str) -> Iterator[Path]:
+    """Hold the first free `runs/<name>-<time>[-k]` for this run."""
+    base = Path("runs") / f"{name}-{timestamp()}"
+    check_out(base)
+    for k in itertools.count(1):
+        out_dir = base if k == 1 else base.with_name(f"{base.name}-{k}")
+        try:
+            with claimed(out_dir):
+                if out_dir.exists():
+                    continue
+                yield out_dir
+                return
+        except FolderInUse:
+            continue
+
+
+def timestamp() -> str:
+    """The local time to the second, as default run folders are named: 20261206-182659."""
+    return time.strftime("%Y%m%d-%H%M%S")
+
+
+def check_out(out_dir: Path) -> None:
+    """A RunFolderError for a folder that cannot be written, or that is the working folder or holds it."""
+    try:
+        check_writable(out_dir)
+    except UsageError as err:
+        raise RunFolderError(str(err)) from None
+    if Path.cwd().is_relative_to(os.path.abspath(out_dir)):
+        raise RunFolderError(f"--out {out_dir} is the working folder or holds it; give a new folder such as runs/mine")

@@ -6,10 +6,12 @@ so readers never see a half-written file. The MP4 and GIF writers are ``world_mo
 
 from __future__ import annotations
 
+import functools
 import textwrap
 from pathlib import Path
 
 import numpy as np
+from matplotlib import font_manager, ft2font
 from matplotlib.figure import Figure
 
 from world_model.utils.files import replacing_file
@@ -63,13 +65,27 @@ def write_storyboard(
             if k < len(cells):
                 image, caption = cells[k]
                 ax.imshow(image)
-                wrapped = textwrap.wrap(caption, CAPTION_WIDTH, max_lines=CAPTION_LINES, placeholder=" ...")
+                wrapped = textwrap.wrap(drawable(caption), CAPTION_WIDTH, max_lines=CAPTION_LINES, placeholder=" ...")
                 ax.set_xlabel("\n".join(wrapped), fontsize=9)
     if title:
-        figure.suptitle(title, fontsize=13)
+        figure.suptitle(drawable(title), fontsize=13)
     with replacing_file(Path(path)) as tmp:
         figure.savefig(tmp, format="png")
     return Path(path)
+
+
+def drawable(text: str) -> str:
+    """`text` with each character the storyboard's font has no glyph for (a CJK clip name, say) replaced by "?",
+    where matplotlib would draw an empty box and warn; the full text is in rollout.json."""
+    glyphs = font_glyphs()
+    return "".join(ch if ch.isspace() or ord(ch) in glyphs else "?" for ch in text)
+
+
+@functools.cache
+def font_glyphs() -> frozenset[int]:
+    """The code points of the font matplotlib draws text with (its default sans-serif)."""
+    path = font_manager.findfont(font_manager.FontProperties())
+    return frozenset(ft2font.FT2Font(path).get_charmap())
 
 
 def _thin(cells: list, limit: int) -> list:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from diffusers import AutoPipelineForImage2Image, AutoPipelineForText2Image, DiffusionPipeline
 from PIL import Image
+from safetensors import SafetensorError
 
 from world_model.utils.hub import ModelLoadError, default_device, explain_load_failure
 
@@ -88,7 +89,7 @@ class DiffusersRenderer:
         dtype = torch.float16 if device.type == "cuda" else torch.float32
         try:
             pipeline = _load_pipeline(model_id_or_path, dtype, pipeline_class, trust_remote_code)
-        except (OSError, ValueError) as error:
+        except (OSError, ValueError, SafetensorError) as error:
             raise ModelLoadError(explain_load_failure(model_id_or_path, "model_index.json", error)) from error
         pipeline.to(device)
         pipeline.set_progress_bar_config(disable=True)

@@ -332,7 +332,7 @@ def test_unknown_preset_or_pair_and_bad_data_are_errors_before_training(
     ]
     for i, (args, message) in enumerate(cases):
         out = tmp_path / f"out{i}"
-        assert bench.main(args + ["--out", str(out), "--no-progress"]) == 1, args
+        assert bench.main(args + ["--out", str(out), "--no-progress"]) == 2, args
         assert message in capsys.readouterr().err, args
         assert not (out / "runs").exists() and not (out / "results.json").exists()
 
@@ -342,7 +342,7 @@ def test_a_budget_below_one_epoch_is_an_error_before_training(data_dir, preset, 
     out = tmp_path / "out"
     assert (
         bench.main(["--preset", str(preset), "--data", str(data_dir), "--out", str(out), "--max-minutes", "0.0001"])
-        == 1
+        == 2
     )
     err = capsys.readouterr().err
     assert "--max-minutes 0.0001 is too small" in err and "h1_l1_four_tensor" in err and "h2_l1_baseline" in err
@@ -377,7 +377,7 @@ def test_a_time_budget_is_refused_with_several_processes(data_dir, preset, tmp_p
     no_training(monkeypatch)
     monkeypatch.setenv("WORLD_SIZE", "2")
     out = tmp_path / "out"
-    assert bench.main(["--preset", str(preset), "--data", str(data_dir), "--out", str(out), "--max-minutes", "30"]) == 1
+    assert bench.main(["--preset", str(preset), "--data", str(data_dir), "--out", str(out), "--max-minutes", "30"]) == 2
     assert "several processes" in capsys.readouterr().err and not out.exists()
 
 
@@ -386,7 +386,7 @@ def test_refuses_an_output_folder_in_use_without_resume(finished, data_dir, pres
     out = tmp_path / "copy"
     shutil.copytree(finished[0], out)
     before = (out / "results.json").read_text()
-    assert bench.main(["--preset", str(preset), "--data", str(data_dir), "--out", str(out)]) == 1
+    assert bench.main(["--preset", str(preset), "--data", str(data_dir), "--out", str(out)]) == 2
     assert "pass --resume" in capsys.readouterr().err
     assert (out / "results.json").read_text() == before
 
@@ -434,7 +434,7 @@ def test_resume_refuses_a_different_run_before_training(finished, data_dir, pres
     changed = json.loads(json.dumps(TINY_PRESET))
     changed["training"]["lr"] = 1e-3
     other = write_preset(tmp_path / "other.yaml", changed)
-    assert bench.main(["--preset", str(other), "--data", str(data_dir), "--out", str(out), "--resume"]) == 1
+    assert bench.main(["--preset", str(other), "--data", str(data_dir), "--out", str(out), "--resume"]) == 2
     assert "training.lr" in capsys.readouterr().err
 
 

@@ -141,7 +141,8 @@ def test_pipeline_errors_become_readable_messages_and_leave_no_folder(clip, tmp_
 def test_a_request_folder_is_unfinished_while_its_rollout_runs_and_removed_if_the_server_stops(
     clip, tmp_path, monkeypatch
 ):
-    from apps.demo.app import stop_on_sigterm
+    from apps.demo.app import stop_on_signal
+    from world_model.utils.cli import stop_signals_raise
 
     seen = []
 
@@ -158,8 +159,10 @@ def test_a_request_folder_is_unfinished_while_its_rollout_runs_and_removed_if_th
     stale.mkdir()
     run.UNFINISHED.add(stale)
     assert run.remove_unfinished() == [stale] and not stale.exists() and run.UNFINISHED == set()
-    with pytest.raises(KeyboardInterrupt):
-        stop_on_sigterm(15, None)
+    arrived = []
+    with stop_signals_raise(), pytest.raises(KeyboardInterrupt):  # the handlers it sets are put back
+        stop_on_signal(arrived)(15, None)
+    assert arrived == [15]
 
 
 @pytest.mark.parametrize("seed", [1e20, -1, 2.5, float("nan")])

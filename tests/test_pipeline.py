@@ -12,7 +12,8 @@ import torch
 
 from pipeline import rollout as rollout_module
 from pipeline.config import FrameSampling, ModelChoice
-from pipeline.rollout import RolloutError, main, run_rollout
+from pipeline.rollout import main, run_rollout
+from pipeline.run_folder import RunFolderError
 from pipeline.tiny_pack import make_tiny_blip, make_tiny_sd
 from tests.model_factories import one_torch_thread, write_test_clip
 from world_model.generation.sentence_bank import Readout
@@ -175,7 +176,8 @@ def test_unwritable_output_folder_is_refused_before_any_work(models, clip, tmp_p
     called = []
     monkeypatch.setattr(rollout_module, "sample_frames", lambda *a, **k: called.append(1))
     code = main([str(clip), "--out", str(parent / "run"), *cli_models(models)])
-    assert code == 2 and "cannot write the run folder" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"error: --out {parent / 'run'}") and err.count("\n") == 1
     assert not called
 
 
@@ -183,7 +185,7 @@ def test_existing_run_folder_is_kept_unless_overwrite(models, clip, tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    with pytest.raises(RolloutError, match="--overwrite"):
+    with pytest.raises(RunFolderError, match="--overwrite"):
         run_rollout(clip, 1, models=choice(models), output=out)
     assert (out / "keep.txt").read_text() == "mine"
 

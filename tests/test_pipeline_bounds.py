@@ -59,21 +59,26 @@ def test_rendering_reports_progress_after_every_state(parts, tmp_path):
     assert [len(images) for images in result.rendered] == [2, 2]
 
 
-def test_sigterm_mid_run_removes_the_staging_folder(parts, tmp_path, monkeypatch):
-    def terminated_renderer(*args):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_mid_run_removes_the_staging_folder(parts, tmp_path, monkeypatch, capsys, signum):
+    def signalled_renderer(*args):
         def render(prompts, seed=0, init_images=None):
-            os.kill(os.getpid(), signal.SIGTERM)  # as `kill PID` from another shell would
-            raise AssertionError("SIGTERM did not stop the run")
+            os.kill(os.getpid(), signum)  # as Ctrl-C, `kill PID` or a closed terminal would
+            raise AssertionError("the signal did not stop the run")
 
         return render
 
-    monkeypatch.setattr(rollout_module, "load_renderer", terminated_renderer)
-    before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(SystemExit) as stopped, one_torch_thread():
-        main([str(parts["clip"]), "--steps", "1", "--out", str(tmp_path / "run"), *model_args(parts)])
-    assert stopped.value.code == 128 + signal.SIGTERM
-    assert list(tmp_path.iterdir()) == [], "no run folder and no hidden staging folder"
-    assert signal.getsignal(signal.SIGTERM) is before
+    monkeypatch.setattr(rollout_module, "load_renderer", signalled_renderer)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    with one_torch_thread():
+        code = main([str(parts["clip"]), "--steps", "1", "--out", str(tmp_path / "run"), *model_args(parts)])
+    assert code == 128 + signum
+    err = capsys.readouterr().err
+    assert (
+        err.strip() == f"interrupted by {signal.Signals(signum).name}; nothing was written" and "Traceback" not in err
+    )
+    assert list(tmp_path.iterdir()) == [], "no run folder, no hidden staging folder and no lock file"
+    assert {s: signal.getsignal(s) for s in before} == before
 
 
 def test_hub_preset_without_network_or_cache_fails_at_once_with_one_line(parts, tmp_path, capsys, monkeypatch):

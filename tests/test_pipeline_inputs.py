@@ -103,7 +103,7 @@ def test_frames_option_takes_evenly_spaced_frames(models, clip, tmp_path, capsys
     [
         (["--steps", "0"], "--steps must be between 1 and 64, got 0"),
         (["--samples", "0"], "--samples must be at least 1, got 0"),
-        (["--frames", "0"], "--frames must be at least 1, got 0"),
+        (["--frames", "0"], "--frames must be between 1 and 256, got 0"),
         (["--max-frames", "0"], "--max-frames must be between 1 and 256, got 0"),
         (["--interval", "0"], "--interval must be a positive number of seconds, got 0.0"),
         (["--interval", "nan"], "--interval must be a positive number of seconds, got nan"),
@@ -127,7 +127,7 @@ def test_out_naming_a_file_is_refused(models, clip, tmp_path, capsys):
     with one_torch_thread():
         code = main([str(clip), "--out", str(target), "--overwrite", *models])
     err = capsys.readouterr().err
-    assert code == 2 and err == f"error: {target} is a file, not a folder; choose another --out\n"
+    assert code == 2 and err == f"error: --out {target} is a file, not a folder; choose another --out\n"
     assert target.read_text() == "not a folder"
 
 
@@ -140,15 +140,18 @@ def test_unexpected_failure_is_one_line_and_leaves_no_run_folder(models, clip, t
     monkeypatch.setattr(rollout_module, "write_outputs", failing_write_outputs)
     code, out, printed, err = run_cli(clip, ["--steps", "1"], models, tmp_path, capsys)
     assert code == 1
-    assert err == ("error: unexpected failure (RuntimeError: disk on fire); rerun with --debug for the traceback\n")
+    assert err == "error: internal failure (RuntimeError: disk on fire); rerun with --verbose for the traceback\n"
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
-def test_debug_shows_the_traceback_of_an_unexpected_failure(models, clip, tmp_path, monkeypatch):
+def test_verbose_shows_the_traceback_of_an_unexpected_failure(models, clip, tmp_path, capsys, monkeypatch):
     def failing_sampler(*args, **kwargs):
         raise RuntimeError("decoder crashed")
 
     monkeypatch.setattr(rollout_module, "sample_frames", failing_sampler)
-    with pytest.raises(RuntimeError, match="decoder crashed"):
-        main([str(clip), "--out", str(tmp_path / "run"), "--debug", *models])
+    for flag in ("--verbose", "--debug"):
+        assert main([str(clip), "--out", str(tmp_path / "run"), flag, *models]) == 1
+        err = capsys.readouterr().err
+        assert "Traceback" in err and 'raise RuntimeError("decoder crashed")' in err
+        assert err.endswith("error: internal failure (RuntimeError: decoder crashed)\n")
     assert list(tmp_path.iterdir()) == []

@@ -203,9 +203,9 @@ def test_motion_weight_raises_the_loss_only_where_the_strip_moves():
     assert loss(moving, 4.0) > 1.05 * loss(moving, 0.0)
 
 
-def test_training_command_refuses_an_unknown_solver_before_reading_data(tmp_path):
-    with pytest.raises(SystemExit, match="--solver must be one of sde-dpmsolver"):
-        main(["--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "run"), "--solver", "euler"])
+def test_training_command_refuses_an_unknown_solver_before_reading_data(tmp_path, capsys):
+    assert main(["--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "run"), "--solver", "euler"]) == 2
+    assert capsys.readouterr().err.startswith("error: --solver must be one of sde-dpmsolver")
     assert not (tmp_path / "run").exists()
 
 

@@ -205,5 +205,5 @@ def test_cli_prints_and_writes_json(tmp_path, capsys):
     stats = json.loads(out.read_text())
     assert stats["train_stories"] == 2 and stats["validation_stories"] == 2
     assert f"vocab_size: {stats['vocab_size']}" in printed
-    assert main([str(tmp_path / "absent")]) == 1
+    assert main([str(tmp_path / "absent")]) == 2
     assert "no such folder" in capsys.readouterr().err

@@ -35,6 +35,7 @@ from world_model.training.checkpoints import (
 from world_model.training.config import ConfigError, TrainingConfig, load_config, validate_config
 from world_model.training.loop import best_epoch_index, should_stop, stop_reason
 from world_model.training.train import smoothing_prior, train
+from world_model.utils.cli import Interrupted, stop_signals_raise
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_NAME = "ROCStories__spring2016 - ROCStories_spring2016.csv"
@@ -329,22 +330,25 @@ def test_sigterm_mid_epoch_leaves_the_last_epoch_resumable(data_dir, tmp_path):
         output, _ = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 130, output
-    assert "continue with --resume" in output
+    assert proc.returncode == 128 + signal.SIGTERM, output
+    assert "interrupted by SIGTERM; stopped " in output and "continue with --resume" in output
+    assert "Traceback" not in output
     assert json.loads((out / "last/state.json").read_text())["epoch"] >= 1
     assert not list(out.glob(".last.tmp-*")) and not (out / "summary.json").exists()
 
 
 def test_signals_held_raise_once_the_block_ends_and_restore_the_handlers():
     saved = []
-    with loop.sigterm_as_interrupt():
-        term_handler = signal.getsignal(signal.SIGTERM)
-        with pytest.raises(loop.TrainingInterrupted):
+    before = signal.getsignal(signal.SIGTERM)
+    with stop_signals_raise():
+        with pytest.raises(Interrupted):
             with loop.signals_held():
                 os.kill(os.getpid(), signal.SIGTERM)
                 time.sleep(0.05)  # the handler has run by now: the block goes on
                 saved.append("epoch")
-        assert saved == ["epoch"] and signal.getsignal(signal.SIGTERM) is term_handler
+        assert saved == ["epoch"]
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN, "a second signal does not cut the unwinding short"
+    assert signal.getsignal(signal.SIGTERM) is before
     with pytest.raises(KeyboardInterrupt):
         with loop.signals_held():
             os.kill(os.getpid(), signal.SIGINT)
@@ -366,9 +370,9 @@ def test_sigterm_during_the_save_of_an_epoch_finishes_that_save(data_dir, tmp_pa
 
     monkeypatch.setattr(train_mod.checkpoints, "save_epoch", signalled_save)
     out = tmp_path / "held"
-    with pytest.raises(loop.TrainingInterrupted):
+    with pytest.raises(Interrupted) as stopped:
         train(copy.deepcopy(TINY), data_dir, out, max_epochs=3, progress=False)
-    assert "interrupted after epoch 1" in capsys.readouterr().out
+    assert stopped.value.note.startswith(f"stopped after epoch 1; {out / 'last'} holds epoch 1")
     assert json.loads((out / "last/state.json").read_text())["epoch"] == 1 and (out / "curves.png").is_file()
     monkeypatch.undo()
     summary = train(copy.deepcopy(TINY), data_dir, out, max_epochs=2, resume=True, progress=False)
@@ -435,7 +439,7 @@ def test_bad_config_and_data_fail_before_training(data_dir, tmp_path, capsys):
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     config = tmp_path / "bad.yaml"
     config.write_text("model: {type: four_tensor}\ntrainng: {lr: 0.1}\n")
-    assert train_mod.main(["--config", str(config), "--data", str(data_dir), "--out", str(tmp_path / "c")]) == 1
+    assert train_mod.main(["--config", str(config), "--data", str(data_dir), "--out", str(tmp_path / "c")]) == 2
     assert "trainng" in capsys.readouterr().err
 
 
@@ -575,7 +579,7 @@ def test_evaluate_cli_matches_the_best_epoch(reference, data_dir, tmp_path, caps
         "references",
     ]  # no training file
     assert "floors: none (no training file" in capsys.readouterr().out
-    assert evaluate_main(["--checkpoint", str(tmp_path), "--data", str(data_dir)]) == 1
+    assert evaluate_main(["--checkpoint", str(tmp_path), "--data", str(data_dir)]) == 2
 
 
 def test_evaluate_holdout_scores_a_held_out_run_on_its_own_slice_with_floors_fitted_before_it(
@@ -597,7 +601,7 @@ def test_evaluate_holdout_scores_a_held_out_run_on_its_own_slice_with_floors_fit
     cloze = json.loads(result_path.read_text())
     assert cloze["validation"] == "the cloze stories" and cloze["validation_windows"] == 10
     assert cloze["floors"]["train_windows"] == 40
-    assert evaluate_main([*args, "--holdout", "40"]) == 1
+    assert evaluate_main([*args, "--holdout", "40"]) == 2
     assert "leaves none of the 40 training stories" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         evaluate_main([*args, "--holdout", "-1"])

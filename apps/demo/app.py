@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import signal
+import sys
 import tempfile
 from pathlib import Path
 
@@ -17,6 +18,14 @@ from apps.demo.checks import FAILED_MESSAGE, READY_MESSAGE, format_duration, on_
 from apps.demo.config import COMPONENTS, CUSTOM, MAX_STEPS, RUN_MAX_AGE_S, DemoConfig
 from apps.demo.run import handle_run, remove_unfinished
 from pipeline.presets import PresetError, choose_preset
+from world_model.utils.cli import (
+    Interrupted,
+    check_device,
+    check_writable,
+    handled_signals,
+    raise_interrupted,
+    run_command,
+)
 
 
 def build_demo(config: DemoConfig | None = None) -> gr.Blocks:
@@ -164,44 +173,61 @@ def launch_demo(demo: gr.Blocks, config: DemoConfig | None = None, **kwargs):
 
 
 def parse_args(argv: list[str] | None) -> DemoConfig:
+    """The settings of the command line; a ValueError for a value out of range."""
     parser = HfArgumentParser(
         DemoConfig,
         prog="python -m apps.demo",
         description=demo_package.__doc__.split("\n\n")[0],
         formatter_class=argparse.HelpFormatter,
     )
-    try:
-        (config,) = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
-    except ValueError as err:
-        parser.error(str(err))
+    (config,) = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
     return config
 
 
 def main(argv: list[str] | None = None) -> int:
-    config = parse_args(argv)
+    """Serve the demo until a stop signal; exit 2 with one `error:` line for bad settings, 128 + n on signal n (the
+    folders of requests still running are removed)."""
+    try:
+        config = parse_args(argv)
+    except ValueError as err:  # a setting out of range (the dataclass checks itself)
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    try:
-        demo = build_demo(config)
-    except PresetError as err:
-        raise SystemExit(f"error: {err}") from None
+    return run_command(lambda: serve(config), on_interrupt="server stopped")
+
+
+def serve(config: DemoConfig) -> None:
+    """Check the settings, build the demo and block while it serves; raise `Interrupted` for the stop signal that
+    ended it (Gradio itself returns quietly on one)."""
+    check_device(config.device)
+    check_writable(config.temp_root / "request", "--temp-root")
+    demo = build_demo(config)
     if len(config.overrides()) < len(COMPONENTS):
         try:  # say now which models requests will use, or why none would work
             chosen, reason = choose_preset(config.preset or "auto")
             print(f"preset: {chosen.name} ({reason})")
         except PresetError as err:
-            print(f"warning: {err}")
-    previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
+            print(f"warning: {err}", file=sys.stderr)
+    arrived: list[int] = []
+    previous = {signum: signal.signal(signum, stop_on_signal(arrived)) for signum in handled_signals()}
     try:
-        launch_demo(demo, config)  # blocks until Ctrl-C, or SIGTERM (stop_on_sigterm)
+        launch_demo(demo, config)  # blocks until a stop signal
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         for folder in remove_unfinished():
-            print(f"removed the unfinished request folder {folder}")
-    return 0
+            print(f"removed the unfinished request folder {folder}", file=sys.stderr)
+    if arrived:
+        raise Interrupted(arrived[0])
 
 
-def stop_on_sigterm(signum, frame) -> None:
-    """SIGTERM stops the server as Ctrl-C does (Gradio closes on KeyboardInterrupt); `main` then removes the
-    folders of requests that were still running."""
-    raise KeyboardInterrupt
+def stop_on_signal(arrived: list[int]):
+    """A handler that records the signal and stops the server as Ctrl-C does (Gradio closes on KeyboardInterrupt);
+    `serve` then removes the folders of requests that were still running."""
+
+    def handler(signum, frame) -> None:
+        arrived.append(signum)
+        raise_interrupted(signum, frame)
+
+    return handler

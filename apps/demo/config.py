@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,7 +58,19 @@ class DemoConfig:
             raise ValueError(f"--concurrency must be at least 1, got {self.concurrency}")
         if not 1 <= self.steps <= MAX_STEPS:
             raise ValueError(f"--steps must be between 1 and {MAX_STEPS}, got {self.steps}")
+        if not 1 <= self.port <= 65535:
+            raise ValueError(f"--port must be between 1 and 65535, got {self.port}")
+        for flag, value in (("--queue-size", self.queue_size), ("--max-frames", self.max_frames)):
+            if value < 1:
+                raise ValueError(f"{flag} must be at least 1, got {value}")
+        for flag, value in (("--max-file-mb", self.max_file_mb), ("--max-minutes", self.max_minutes)):
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{flag} must be a positive number, got {value}")
+        if not (math.isfinite(self.interval) and self.interval > 0):
+            raise ValueError(f"--interval must be a positive number of seconds, got {self.interval}")
         self.temp_root = Path(self.temp_root) if self.temp_root else default_temp_root()
+        if self.temp_root.exists() and not self.temp_root.is_dir():
+            raise ValueError(f"--temp-root {self.temp_root} is a file, not a folder")
         self.examples_dir = Path(self.examples_dir)
 
     @property

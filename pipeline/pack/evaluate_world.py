@@ -30,18 +30,20 @@ renamed into place when complete. ``evaluate_world(...)`` is the same as a Pytho
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import json
 import shlex
-import shutil
 import sys
 from pathlib import Path
 
 from pipeline.pack.pack_folder import EvaluationError, read_heldout, resolve_pack
 from pipeline.pack.world_loop import run_loop
 from pipeline.pack.world_report import markdown
-from pipeline.presets import PresetError
-from pipeline.run_folder import RunFolderError, prepare_run_dir
+from pipeline.run_folder import run_folder
+from world_model.utils.cli import add_verbose, run_command
 from world_model.utils.files import replace_dir
 from world_model.utils.hub import default_device
 
@@ -74,11 +76,7 @@ def evaluate_world(
     parts = resolve_pack(pack)
     records, scenes = read_heldout(data, episodes, observe + steps)
     device = str(default_device(device))
-    try:
-        staging = prepare_run_dir(Path(out_dir), overwrite)
-    except RunFolderError as err:
-        raise EvaluationError(str(err)) from err
-    try:
+    with run_folder(Path(out_dir), overwrite) as (out, staging):
         scores = run_loop(parts, records, scenes, observe, steps, seed, device, storyboard_episodes, staging, progress)
         results = {
             "command": command or f"evaluate_world({str(pack)!r}, {str(data)!r}, {episodes}, ...)",
@@ -103,10 +101,7 @@ def evaluate_world(
         }
         (staging / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
         (staging / "results.md").write_text(markdown(results))
-        replace_dir(staging, Path(out_dir))
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        replace_dir(staging, out)
     return results
 
 
@@ -128,39 +123,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--storyboard-episodes", type=int, default=4, help="episodes drawn in storyboard.png (default 4)"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
-    parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error (as --verbose does)")
+    add_verbose(parser)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = "python -m pipeline.pack.evaluate_world " + shlex.join(sys.argv[1:] if argv is None else argv)
-    try:
-        results = evaluate_world(
-            args.pack,
-            args.data,
-            args.episodes,
-            args.out,
-            args.observe,
-            args.steps,
-            args.seed,
-            args.device,
-            args.storyboard_episodes,
-            args.overwrite,
-            command,
-        )
-    except (EvaluationError, PresetError, OSError) as err:
-        if args.debug:
-            raise
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return run_command(lambda: evaluate_command(args, command), verbose=args.verbose or args.debug)
+
+
+def evaluate_command(args: argparse.Namespace, command: str) -> None:
+    """The command's work: the full loop, then its headline figures."""
+    results = evaluate_world(
+        args.pack,
+        args.data,
+        args.episodes,
+        args.out,
+        args.observe,
+        args.steps,
+        args.seed,
+        args.device,
+        args.storyboard_episodes,
+        args.overwrite,
+        command,
+    )
     loop = results["next_state"]["four_tensor"]["captions"]["accuracy"]
     print(
         f"caption accuracy {results['caption_accuracy']['overall']:.4f}; next-state accuracy (full loop) "
         + ", ".join(f"k={k + 1} {a:.3f}" for k, a in enumerate(loop))
         + f"; round trip {results['round_trip']['true_sentences']['overall']:.4f}; wrote {args.out}/"
     )
-    return 0
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@ image, written as MP4 and read back as a user's clip is; the target is all), wit
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import json
 import sys
@@ -28,6 +31,7 @@ from encoders.frames import sample_frames
 from encoders.grounding import FeatureReference
 from encoders.world_dataset import read_states
 from world_model.data.synthetic.simulation import STATE_FRAMES
+from world_model.utils.cli import add_verbose, run_command
 
 
 def strip_features(captioner: HFCaptioner, images: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,7 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--images", type=Path, nargs="*", default=[], help="photographs for real-footage clips (measure)"
     )
+    add_verbose(parser)
     args = parser.parse_args(argv)
+    return run_command(lambda: grounding_command(args), verbose=args.verbose)
+
+
+def grounding_command(args: argparse.Namespace) -> int:
+    """`calibrate` or `measure` (see the module docstring); 2 when `measure` finds no reference."""
     captioner = HFCaptioner.from_pretrained(args.captioner, device="cpu", batch_size=64)
     states = read_states(args.data, args.episodes, progress=False)
     features, logprobs = strip_features(captioner, list(states.images))

@@ -12,6 +12,9 @@ type of the synthetic world. It compares renderer runs on the same footing, with
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import json
 import sys
@@ -24,6 +27,7 @@ from pipeline.presets import load_preset
 from renderers.pixel_pipeline import SOLVERS, set_solver
 from renderers.text_to_image import DiffusersRenderer
 from world_model.data.synthetic.scenes import SCENE_TYPES
+from world_model.utils.cli import add_verbose, check_writable, run_command
 
 PIPELINE_CLASS = "renderers.pixel_pipeline:PixelTextToImagePipeline"
 
@@ -87,15 +91,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--guidance", type=float, help="guidance scale (default: the pipeline's)")
     parser.add_argument("--solver", choices=SOLVERS, help="DPM-Solver++ variant (default: the pipeline's)")
     parser.add_argument("--json", type=Path, help="also write the results, with every caption, to this file")
+    add_verbose(parser)
     args = parser.parse_args(argv)
-    try:
-        sentences = [line.strip() for line in args.sentences.read_text().splitlines() if line.strip()]
-        result = renderer_round_trip(
-            args.renderer, sentences, args.captioner, args.seeds, args.steps, args.guidance, args.solver
-        )
-    except (OSError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return run_command(lambda: round_trip_command(args), verbose=args.verbose)
+
+
+def round_trip_command(args: argparse.Namespace) -> None:
+    """The command's work: render the sentences, caption the renders, print (and write) the scores."""
+    if args.json:
+        check_writable(args.json, "--json")
+    sentences = [line.strip() for line in args.sentences.read_text().splitlines() if line.strip()]
+    result = renderer_round_trip(
+        args.renderer, sentences, args.captioner, args.seeds, args.steps, args.guidance, args.solver
+    )
     o = result["overall"]
     print(
         f"round trip {o['overall']:.3f} over {o['strips']} renders ("
@@ -104,7 +112,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
-    return 0
 
 
 if __name__ == "__main__":

@@ -22,6 +22,9 @@ DIR receives
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import dataclasses
 import sys
@@ -51,6 +54,7 @@ from world_model.text.vocab import same_sentence
 from world_model.text.word_tokenizer import build_word_tokenizer
 from world_model.training.config import add_dataclass_flags, dataclass_from_args
 from world_model.training.schedule import warmup_cosine
+from world_model.utils.cli import INPUT_ERRORS, add_verbose, run_command
 from world_model.utils.files import atomic_dir, write_json_atomic
 
 BEST_DIR = "best"
@@ -359,17 +363,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_dataclass_flags(parser, TrainConfig)  # one flag per setting, e.g. --batch-size
+    add_verbose(parser)
     args = parser.parse_args(argv)
     config = dataclass_from_args(TrainConfig, args)
     torch.set_num_threads(args.threads)
-    try:
-        train(args.data, args.out, config, max_minutes=args.max_minutes, progress=not args.no_progress)
-    except (FileNotFoundError, ValueError, TrainingStopped) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    return run_command(
+        lambda: train(args.data, args.out, config, max_minutes=args.max_minutes, progress=not args.no_progress),
+        verbose=args.verbose,
+        input_errors=(*INPUT_ERRORS, TrainingStopped),
+    )
 
 
 if __name__ == "__main__":

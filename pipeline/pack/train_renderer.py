@@ -22,6 +22,9 @@ stops training after the current step and saves.
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import copy
 import signal
@@ -44,6 +47,7 @@ from renderers.pixel_pipeline import PixelPipelineConfig, PixelTextToImagePipeli
 from world_model.data.synthetic.simulation import STATE_FRAMES
 from world_model.training.config import add_dataclass_flags, dataclass_from_args
 from world_model.training.schedule import warmup_cosine
+from world_model.utils.cli import add_verbose, run_command
 from world_model.utils.files import atomic_dir, write_json_atomic
 
 PIPELINE_DIR = "pipeline"
@@ -341,6 +345,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--limit", type=int, default=None, help="use only the first N training episodes")
     add_dataclass_flags(parser, TrainConfig)  # one flag per setting, e.g. --batch-size
     add_dataclass_flags(parser, PixelPipelineConfig, skip=("sample_size",))
+    add_verbose(parser)
     return parser.parse_args(argv)
 
 
@@ -348,14 +353,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     config = dataclass_from_args(TrainConfig, args)
     model_config = dataclass_from_args(PixelPipelineConfig, args, skip=("sample_size",))
+    return run_command(lambda: train_command(args, config, model_config), verbose=args.verbose)
+
+
+def train_command(args: argparse.Namespace, config: TrainConfig, model_config: PixelPipelineConfig) -> None:
+    """The command's work: check the settings, then train."""
     if model_config.prediction_type not in ("sample", "v_prediction"):
-        raise SystemExit(f"--prediction-type must be 'sample' or 'v_prediction', got {model_config.prediction_type!r}")
+        raise ValueError(f"--prediction-type must be 'sample' or 'v_prediction', got {model_config.prediction_type!r}")
     try:
         check_solver(model_config.solver)
     except ValueError as err:
-        raise SystemExit(f"--{err}") from None
+        raise ValueError(f"--{err}") from None
     train(args.data, args.out, config, model_config, limit=args.limit)
-    return 0
 
 
 if __name__ == "__main__":

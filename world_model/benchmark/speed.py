@@ -17,6 +17,9 @@ the numbers depend on the machine and its load.
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import json
 import resource
@@ -32,6 +35,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.four_tensor_config import FourTensorConfig
 from world_model.models.precision import PRECISIONS, autocast
+from world_model.utils.cli import add_verbose, run_command
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "world_model" / "cpu.yaml"
 
@@ -138,6 +142,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--rollout-repeats", type=int, default=50, help="timed rollout steps per precision")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    add_verbose(parser)
     args = parser.parse_args(argv)
     for name in ("steps", "rounds", "batch_size", "peak_size", "rollout_repeats"):
         if getattr(args, name) < 1:
@@ -220,6 +225,11 @@ def measure(model: FourTensorModel, windows: torch.Tensor, vocab_size: int, args
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    return run_command(lambda: time_model(args), verbose=args.verbose)
+
+
+def time_model(args: argparse.Namespace) -> None:
+    """The command's work: build the model, time it, print (and write) the figures."""
     settings, vocab_size, windows = load_inputs(args)
     fill = torch.utils.deterministic.fill_uninitialized_memory
     torch.utils.deterministic.fill_uninitialized_memory = False  # as in training; restored below
@@ -231,7 +241,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     torch.utils.deterministic.fill_uninitialized_memory = fill
-    return 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,9 @@ stories and measured on the same held-out tokens, are reported beside them. OUT 
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import json
 import shlex
@@ -22,12 +25,12 @@ from pathlib import Path
 from typing import Sequence
 
 from world_model.benchmark.preset import MODELS, BenchmarkError, load_preset, run_config
-from world_model.data.rocstories import DataError
 from world_model.evaluation.floors import FLOORS, floor_report
 from world_model.training import train as train_mod
 from world_model.training.batches import load_training_windows
-from world_model.training.checkpoints import SUMMARY_FILE, TrainingError
-from world_model.training.config import ConfigError, validate_config
+from world_model.training.checkpoints import SUMMARY_FILE
+from world_model.training.config import validate_config
+from world_model.utils.cli import add_verbose, run_command
 from world_model.utils.files import write_json_atomic
 
 
@@ -164,9 +167,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--resume", action="store_true", help="skip finished runs, continue interrupted ones")
     parser.add_argument("--no-progress", action="store_true")
+    add_verbose(parser)
     args = parser.parse_args(argv)
-    try:
-        lrs = [float(x) for x in args.lrs.split(",") if x.strip()]
+
+    def work() -> None:
+        try:
+            lrs = [float(x) for x in args.lrs.split(",") if x.strip()]
+        except ValueError:
+            raise BenchmarkError(f"--lrs must be comma-separated numbers, got {args.lrs!r}") from None
         results = run_sweep(
             args.preset,
             args.data,
@@ -181,11 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             not args.no_progress,
             command="python -m world_model.benchmark.sweep " + shlex.join(sys.argv[1:] if argv is None else argv),
         )
-    except (BenchmarkError, ConfigError, DataError, TrainingError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(markdown(results))
-    return 0
+        print(markdown(results))
+
+    return run_command(work, verbose=args.verbose, on_interrupt="continue with the same command and --resume")
 
 
 if __name__ == "__main__":

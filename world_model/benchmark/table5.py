@@ -54,6 +54,9 @@ markdown.py and notes.py (results.md), paper.py (the paper's numbers), attention
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import datetime
 import json
@@ -84,14 +87,13 @@ from world_model.benchmark.runs import (
     load_windows,
     plan_runs,
 )
-from world_model.data.rocstories import DataError, corpus_statistics, find_split_files
-from world_model.models.checkpoint import CheckpointError
+from world_model.data.rocstories import corpus_statistics, find_split_files
 from world_model.models.precision import PRECISIONS, check_precision
 from world_model.models.registry import model_vocab_size
 from world_model.text.vocab import Vocabulary
 from world_model.training import train as train_mod
-from world_model.training.checkpoints import SUMMARY_FILE, TrainingError
-from world_model.training.config import ConfigError
+from world_model.training.checkpoints import SUMMARY_FILE
+from world_model.utils.cli import add_verbose, check_writable, run_command
 
 
 def run_benchmark(
@@ -128,10 +130,10 @@ def run_benchmark(
     runs = plan_runs(spec, chosen, seed_list, max_epochs, out, choose_rows(spec, rows))
     if not runs:
         raise BenchmarkError(f"--rows {','.join(rows or [])} has no run in the pairs {','.join(chosen)}")
+    check_output(out, runs, k, resume, report_only)
     find_split_files(data_dir)  # DataError (no training or no validation file) before anything else reads the data
     n_tokens = runs[0].config["model"]["n_tokens"]
     corpus, vocab, train_windows, val_windows = load_windows(data_dir, n_tokens, k)
-    check_output(out, runs, k, resume, report_only)
     device, world_size, is_main = device_and_ranks()
     if report_only:
         m = None  # nothing is trained, so there is no budget to split
@@ -177,6 +179,7 @@ def check_output(out: Path, runs: list[Run], train_subset: int | None, resume: b
     resuming (or reporting)."""
     if out.exists() and not out.is_dir():
         raise BenchmarkError(f"--out {out} is a file, not a folder")
+    check_writable(out)
     check_run_folders(runs, train_subset, resume, report_only)
     if not (resume or report_only) and (out / RESULTS_JSON).exists():
         raise BenchmarkError(f"{out} already holds a benchmark ({RESULTS_JSON}); pass --resume or choose another --out")
@@ -377,10 +380,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    add_verbose(parser)
+    args = parser.parse_args(argv)
     argv_list = list(sys.argv[1:] if argv is None else argv)
     launcher = "accelerate launch -m" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "python -m"
-    try:
+
+    def work() -> None:
         run_benchmark(
             args.preset,
             args.data,
@@ -397,13 +403,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             precision=args.precision,
             command=f"{launcher} world_model.benchmark " + shlex.join(argv_list),
         )
-    except (BenchmarkError, ConfigError, DataError, TrainingError, CheckpointError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("\ninterrupted; continue with the same command and --resume", file=sys.stderr)
-        return 130
-    return 0
+
+    return run_command(work, verbose=args.verbose, on_interrupt="continue with the same command and --resume")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@ with the right ending as sentence 5.
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import csv
 import json
@@ -24,6 +27,7 @@ from typing import Iterator, Sequence
 import torch
 
 from world_model.text.vocab import PAD_ID, Vocabulary
+from world_model.utils.cli import add_verbose, check_writable, run_command
 
 logger = logging.getLogger(__name__)
 
@@ -87,25 +91,33 @@ def _read_rows(path: str | os.PathLike, columns: Sequence[str]) -> Iterator[tupl
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: file not found")
-    with path.open(newline="", encoding="utf-8-sig") as f:
-        reader = csv.DictReader(f)
-        if not reader.fieldnames:
-            raise DataError(f"{path}: file is empty")
-        missing = [c for c in columns if c not in reader.fieldnames]
-        if missing:
-            raise DataError(f"{path}: missing column(s) {missing}; found {reader.fieldnames}")
-        rows = 0
-        for rows, row in enumerate(reader, start=1):
-            where = f"{path}, row {rows + 1}"
-            if None in row:
-                raise DataError(f"{where}: more fields than the {len(reader.fieldnames)} columns")
-            values = {c: (row[c] or "").strip() for c in columns}
-            empty = [c for c, v in values.items() if not v]
-            if empty:
-                raise DataError(f"{where}: empty value in column(s) {empty}")
-            yield where, values
-        if rows == 0:
-            raise DataError(f"{path}: file has a header but no stories")
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            reader = csv.DictReader(f)
+            if not reader.fieldnames:
+                raise DataError(f"{path}: file is empty")
+            missing = [c for c in columns if c not in reader.fieldnames]
+            if missing:
+                raise DataError(f"{path}: missing column(s) {missing}; found {reader.fieldnames}")
+            rows = 0
+            for rows, row in enumerate(reader, start=1):
+                where = f"{path}, row {rows + 1}"
+                if None in row:
+                    raise DataError(f"{where}: more fields than the {len(reader.fieldnames)} columns")
+                values = {c: (row[c] or "").strip() for c in columns}
+                empty = [c for c, v in values.items() if not v]
+                if empty:
+                    raise DataError(f"{where}: empty value in column(s) {empty}")
+                yield where, values
+            if rows == 0:
+                raise DataError(f"{path}: file has a header but no stories")
+    except UnicodeDecodeError as err:
+        raise DataError(
+            f"{path}: not UTF-8 text (it holds byte {err.object[err.start]:#04x}, which UTF-8 cannot start with here: "
+            "UTF-16 or binary?); save it as a UTF-8 CSV"
+        ) from None
+    except csv.Error as err:
+        raise DataError(f"{path}: not a readable CSV ({err})") from None
 
 
 def read_training_csv(path: str | os.PathLike) -> list[Story]:
@@ -259,19 +271,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="ROCStories corpus statistics (paper, section 8.1).")
     parser.add_argument("data_dir", type=Path, help="folder with ROCStories*.csv and cloze_test_*.csv")
     parser.add_argument("--json", type=Path, help="also write the statistics to this JSON file")
+    add_verbose(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    try:
-        corpus = load_corpus(args.data_dir)
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    return run_command(lambda: statistics_command(args), verbose=args.verbose)
+
+
+def statistics_command(args: argparse.Namespace) -> None:
+    """The command's work: read the corpus, print (and write) its statistics."""
+    if args.json:
+        check_writable(args.json, "--json")
+    corpus = load_corpus(args.data_dir)
     stats = corpus_statistics(corpus, build_vocabulary(corpus))
     for key, value in stats.items():
         print(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
     if args.json:
         args.json.write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
-    return 0
 
 
 if __name__ == "__main__":

@@ -25,6 +25,9 @@ before them, so nothing they read was scored):
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import math
 import os
@@ -48,10 +51,10 @@ from world_model.data.rocstories import (
 )
 from world_model.evaluation import story_cloze as sc
 from world_model.evaluation.floors import FLOORS, floor_report, floor_settings
-from world_model.models.checkpoint import CheckpointError
 from world_model.models.precision import PRECISIONS, autocast
 from world_model.models.registry import count_parameters, load_model
 from world_model.text.vocab import Vocabulary
+from world_model.utils.cli import UsageError, add_verbose, check_device, check_writable, run_command
 from world_model.utils.eval_mode import eval_mode
 from world_model.utils.files import write_json_atomic
 from world_model.utils.hub import default_device
@@ -168,12 +171,12 @@ def evaluate_checkpoint(
     if holdout < 0:
         raise ValueError(f"holdout must be >= 0, got {holdout}")
     device = str(default_device(device))
-    model = load_model(checkpoint, device=device)
-    vocab = Vocabulary.load(Path(checkpoint))
-    if holdout:
+    if holdout:  # the data is read first: a DataError comes before the model loads
         train_stories, val_stories = load_corpus(data_dir).split(holdout)
     else:
         train_stories, val_stories = None, load_validation_stories(data_dir)
+    model = load_model(checkpoint, device=device)
+    vocab = Vocabulary.load(Path(checkpoint))
     windows, stats = encode_stories(val_stories, vocab, getattr(model.config, "n_tokens", 16))
     metrics = evaluate_windows(model, windows, batch_size, device, precision)
     n = windows.shape[2]
@@ -284,18 +287,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0,
         help="validate on the last H training stories (a run's training.holdout_stories) instead of the cloze stories",
     )
+    add_verbose(parser)
     args = parser.parse_args(argv)
     if args.batch_size < 1:
         parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.holdout < 0:
         parser.error(f"--holdout must be >= 0, got {args.holdout}")
-    try:
-        result = evaluate_checkpoint(
-            args.checkpoint, args.data, args.batch_size, args.device, args.precision, args.holdout
-        )
-    except (DataError, CheckpointError, FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    return run_command(lambda: evaluate_command(args), verbose=args.verbose)
+
+
+def evaluate_command(args: argparse.Namespace) -> None:
+    """The command's work: check the device and --out first, then evaluate, print and write."""
+    check_device(args.device)
+    if args.out and args.out.is_dir():
+        raise UsageError(f"--out {args.out} is a folder; give the JSON file's path")
+    if args.out:
+        check_writable(args.out)
+    result = evaluate_checkpoint(args.checkpoint, args.data, args.batch_size, args.device, args.precision, args.holdout)
     print_result(result)
     if result["unknown_tokens"]:
         print(
@@ -304,7 +312,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(args.out, result)
-    return 0
 
 
 if __name__ == "__main__":

@@ -24,6 +24,9 @@ Measures, for one predicted sentence per context:
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import json
 import sys
@@ -45,6 +48,7 @@ from world_model.generation.sentence_bank import (
 from world_model.models.generation_config import GenerationConfig
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import PAD_ID, SENTENCE_END_TOKENS, Vocabulary, tokenize
+from world_model.utils.cli import add_verbose, check_writable, run_command
 
 EXAMPLES = 10  # fixed contexts shown side by side: every (contexts // EXAMPLES)-th one, from the first
 ROLLOUT_STEPS = 5
@@ -303,12 +307,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="write only the ten fixed examples (examples.json, examples.md), without the measures",
     )
+    add_verbose(parser)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = "python -m world_model.evaluation.readout_eval " + " ".join(argv if argv is not None else sys.argv[1:])
+    return run_command(lambda: readout_command(args, command), verbose=args.verbose)
+
+
+def readout_command(args: argparse.Namespace, command: str) -> int:
+    """The command's work (see the module docstring); 2 for a checkpoint without a sentence bank."""
+    check_writable(args.out)
     model, vocab, _ = load_predictor(args.checkpoint)
     model.eval()
     corpus = load_corpus(args.data)

@@ -15,6 +15,9 @@ window's names (`world_model.generation.sentence_bank`; the shipped predictor ha
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import json
 import sys
@@ -23,11 +26,11 @@ from pathlib import Path
 from transformers import HfArgumentParser
 
 from world_model.generation.sentence_bank import resolve_readout
-from world_model.models.checkpoint import CheckpointError
 from world_model.models.generation_config import GenerationConfig
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import tokenize
 from world_model.text.windows import caption_window, decode_states
+from world_model.utils.cli import add_verbose, run_command
 
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parents[1] / "pretrained" / "rocstories-cpu"
 MAX_STEPS = 64  # predicted sentences per request
@@ -92,17 +95,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--steps", type=int, default=1, help=f"sentences to predict (default 1, at most {MAX_STEPS})")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_verbose(parser)
     try:
         generation, args = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
-        result = predict(args.sentences, args.checkpoint, args.steps, generation)
-    except (CheckpointError, ValueError, OSError) as err:
+    except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    return run_command(
+        lambda: print_prediction(predict(args.sentences, args.checkpoint, args.steps, generation), args.json),
+        verbose=args.verbose,
+    )
+
+
+def print_prediction(result: dict, as_json: bool) -> None:
+    """The command's output: warnings on stderr, then the result as JSON or as lines of text."""
     for warning in result["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)
-    if args.json:
+    if as_json:
         print(json.dumps(result, indent=2))
-        return 0
+        return
     for state in result["window"]:
         print(f"  observed: {state or '(empty)'}")
     if result["unknown_words"]:
@@ -110,7 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     for k, future in enumerate(result["predictions"]):
         for step, sentence in enumerate(future, 1):
             print(f"{'predicted' if len(result['predictions']) == 1 else f'sample {k + 1}'} +{step}: {sentence}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -21,6 +21,9 @@ any folder with one reads its states off the bank unless told otherwise (`resolv
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import gzip
 import json
@@ -39,6 +42,7 @@ from world_model.models.decoding import KNOWN_SENTENCES_NAME, choose_candidates
 from world_model.models.generation_config import READOUT_CHOICES, GenerationConfig
 from world_model.models.precision import autocast
 from world_model.text.vocab import PAD_ID, UNK_ID, UnknownWordError, Vocabulary, tokenize
+from world_model.utils.cli import add_verbose, run_command
 
 BANK_NAME = "sentence_bank.json.gz"  # in a predictor folder: {"sentences": [...], "names": [...], "source": ...}
 SAMPLE_TOP_K = 20  # sampling draws among this many best sentences unless top_k is given: over the whole bank,
@@ -401,14 +405,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", required=True, help="ROCStories folder (its training stories make the bank)")
     parser.add_argument("--out", required=True, help="predictor folder (gets sentence_bank.json.gz)")
     parser.add_argument("--stories", type=int, help="only the first K training stories")
+    add_verbose(parser)
     args = parser.parse_args(argv)
-    try:
+
+    def work() -> None:
         path = write_rocstories_bank(args.out, args.data, args.stories)
-    except (OSError, ValueError, KeyError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(f"{path}: {path.stat().st_size / 1e6:.2f} MB")
-    return 0
+        print(f"{path}: {path.stat().st_size / 1e6:.2f} MB")
+
+    return run_command(work, verbose=args.verbose)
 
 
 if __name__ == "__main__":

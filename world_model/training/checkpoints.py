@@ -179,9 +179,9 @@ def config_differences(a: Any, b: Any, prefix: str = "") -> list[str]:
 
 
 def check_run_folder(out: Path, run_record: dict, resume: bool) -> Path | None:
-    """Refuse an `out` that holds a run unless `resume`, and a resume whose run differs from `run_record`
-    ({"config": normalised config, "train_subset": K}) in more than the budgets of RESUME_MAY_CHANGE; the
-    folder of the state to resume from, or None."""
+    """Refuse an `out` that holds a run unless `resume`, one that holds other files, and a resume whose run differs
+    from `run_record` ({"config": normalised config, "train_subset": K}) in more than the budgets of
+    RESUME_MAY_CHANGE; the folder of the state to resume from, or None."""
     if out.exists() and not out.is_dir():
         raise TrainingError(f"--out {out} is a file, not a folder")
     found = [name for name in RUN_MARKERS if (out / name).exists()]
@@ -189,6 +189,11 @@ def check_run_folder(out: Path, run_record: dict, resume: bool) -> Path | None:
     if found and not resume:
         raise TrainingError(
             f"{out} already holds a training run ({', '.join(found)}); pass --resume to continue it, or choose another --out"
+        )
+    others = sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) if out.is_dir() else []
+    if others and not found:
+        raise TrainingError(
+            f"--out {out} holds files that are not a training run ({', '.join(others[:5])}); choose another --out"
         )
     if not (resume and found):
         return state_dir

@@ -10,6 +10,9 @@ the folder's sentence bank from the training stories (`world_model.generation.se
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import json
 import sys
@@ -22,6 +25,7 @@ from world_model.evaluation.floors import FLOORS
 from world_model.generation.sentence_bank import write_rocstories_bank
 from world_model.models.registry import count_parameters, load_model
 from world_model.text.vocab import Vocabulary
+from world_model.utils.cli import add_verbose, check_writable, run_command
 
 
 def model_card(config: dict, run: dict, metrics: dict, command: str, size_bytes: int) -> str:
@@ -120,7 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="destination checkpoint folder")
     parser.add_argument("--command", required=True, help="the training command, for the model card")
     parser.add_argument("--data", type=Path, help="ROCStories folder: re-measure the exported weights on validation")
+    add_verbose(parser)
     args = parser.parse_args(argv)
+    return run_command(lambda: export(args), verbose=args.verbose)
+
+
+def export(args: argparse.Namespace) -> None:
+    """The command's work: write the run's best epoch to --out in fp16, with its model card."""
+    check_writable(args.out)
     model = load_model(args.run / "best")
     vocab = Vocabulary.load(args.run / "best")
     history = [json.loads(line) for line in (args.run / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -143,7 +154,6 @@ def main(argv: list[str] | None = None) -> int:
         f"exported epoch {best_epoch} to {args.out} ({size / 1e6:.1f} MB): L_S(4) {metrics['val_last_ce']:.4f}, "
         f"accuracy {metrics['val_token_accuracy']:.4f}, perplexity {metrics['val_perplexity']:.1f}"
     )
-    return 0
 
 
 if __name__ == "__main__":

@@ -23,13 +23,10 @@ from world_model.models.precision import autocast
 from world_model.training.batches import EpochOrderSampler, ProcessBatches, WindowDataset, derived_seed, stack_batch
 from world_model.training.config import TrainingConfig
 from world_model.training.schedule import learning_rate
+from world_model.utils.cli import Interrupted, handled_signals
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """SIGTERM during training (handled like Ctrl-C)."""
 
 
 # ----- the stopping rule of section 8.2 -----
@@ -68,34 +65,19 @@ def stop_reason(history: Sequence[dict], max_epochs: int, patience: int, toleran
 
 # ----- the process-wide settings of a run -----
 @contextlib.contextmanager
-def sigterm_as_interrupt():
-    """Inside the block SIGTERM raises TrainingInterrupted (only in the main thread, where handlers can be set)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise TrainingInterrupted(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-@contextlib.contextmanager
 def signals_held():
-    """Inside the block Ctrl-C (SIGINT) and SIGTERM wait: the first one that arrives is raised as the block ends
-    (KeyboardInterrupt, or what the SIGTERM handler outside the block raises), so the block's work, such as the
-    save of an epoch, is never cut in half. An exception raised at an arbitrary point can also land inside an
-    import, where Python turns it into a RuntimeError. Only in the main thread, where handlers can be set."""
+    """Inside the block the stop signals (SIGINT, SIGTERM, SIGHUP; not those the process ignores) wait: the first
+    one that arrives is raised as the block ends (what the handler outside the block raises, else `Interrupted`), so
+    the block's work, such as the save of an epoch, is never cut in half. An exception raised at an arbitrary point
+    can also land inside an import, where Python turns it into a RuntimeError. Only in the main thread, where
+    handlers can be set."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     arrived: list[int] = []
-    held = (signal.SIGINT, signal.SIGTERM)
-    previous = {signum: signal.signal(signum, lambda signum, frame: arrived.append(signum)) for signum in held}
+    previous = {
+        signum: signal.signal(signum, lambda signum, frame: arrived.append(signum)) for signum in handled_signals()
+    }
     try:
         yield
     finally:
@@ -105,7 +87,7 @@ def signals_held():
         handler = previous[arrived[0]]
         if callable(handler):
             handler(arrived[0], None)
-        raise KeyboardInterrupt(f"signal {arrived[0]}")
+        raise Interrupted(arrived[0])
 
 
 @contextlib.contextmanager

@@ -20,7 +20,11 @@ the epoch budget is exhausted. One epoch of training is world_model.training.loo
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -32,16 +36,14 @@ from typing import Callable, Sequence
 
 import torch
 
-from world_model.data.rocstories import DataError
 from world_model.data.synthetic.sentences import data_kind, known_sentences
 from world_model.evaluation.floors import count_copy_prior, count_prior
-from world_model.models.checkpoint import CheckpointError
 from world_model.models.registry import build_model, count_parameters, model_vocab_size
 from world_model.text.vocab import Vocabulary
 from world_model.training import checkpoints
 from world_model.training.batches import load_training_windows, prefix_windows
 from world_model.training.checkpoints import LAST_DIR, TIMING_KEYS, Resumed, TrainingError
-from world_model.training.config import ConfigError, TrainingConfig, load_config, validate_config
+from world_model.training.config import TrainingConfig, load_config, validate_config
 from world_model.training.loop import (
     Trainer,
     best_epoch_index,
@@ -49,9 +51,10 @@ from world_model.training.loop import (
     prepare,
     run_epoch,
     signals_held,
-    sigterm_as_interrupt,
     stop_reason,
 )
+from world_model.utils.cli import add_verbose, as_interrupted, check_writable, run_command, stop_signals_raise
+from world_model.utils.files import claimed
 
 
 @dataclass
@@ -183,7 +186,7 @@ def train_epochs(
     """Train the epochs after those of `history` (appending their records), saving the run folder after each,
     until the stopping rule, the epoch cap or the `deadline` (a time.monotonic() value) stops the run; why it
     stopped. `wall_offset` is the training time of the epochs in `history`. On Ctrl-C or SIGTERM, say which epoch
-    last/ holds and re-raise."""
+    last/ holds (in the `Interrupted` raised)."""
     config, accelerator = trainer.config, trainer.accelerator
     reason = stop_reason(history, config.max_epochs, config.patience, config.tolerance)
     epoch = saved_epoch = history[-1]["epoch"] if history else 0
@@ -206,13 +209,14 @@ def train_epochs(
                     saved_epoch = epoch
             accelerator.wait_for_everyone()
             say(epoch_line(record) + ("  *best*" if best_epoch == epoch else ""))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         # (a signal after the save of an epoch, while the processes wait for each other, finds that epoch saved)
-        say(
-            f"\ninterrupted {'after' if saved_epoch == epoch else 'during'} epoch {epoch}; "
-            f"{out / LAST_DIR} holds epoch {saved_epoch}; continue with --resume"
-        )
-        raise
+        where = f"{'after' if saved_epoch == epoch else 'during'} epoch {epoch}"
+        if saved_epoch == 0:
+            note = f"stopped {where}, before any epoch was saved; start again with --resume"
+        else:
+            note = f"stopped {where}; {out / LAST_DIR} holds epoch {saved_epoch}; continue with --resume"
+        raise as_interrupted(err, note) from None
     return reason
 
 
@@ -259,12 +263,33 @@ def train(
     `config` is a config dict or a YAML path; `max_epochs`, `seed` and `precision` override its training section.
     `train_subset` keeps the first K training stories or episodes (the vocabulary still covers the whole pool).
     """
-    t_start = time.monotonic()
     config = resolved_config(config, max_epochs, seed, precision)
     check_budgets(train_subset, max_minutes)
-    tc, mc = TrainingConfig.from_dict(config["training"]), config["model"]
     run_record = {"config": config, "train_subset": train_subset}
     out = Path(out_dir)
+    check_writable(out)
+    with claimed(out) if launched_first() else contextlib.nullcontext():
+        return train_claimed(config, Path(data_dir), out, run_record, resume, max_minutes, train_subset, progress)
+
+
+def launched_first() -> bool:
+    """Whether this is the first (or only) process of the launch: the one that holds --out."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def train_claimed(
+    config: dict,
+    data_dir: Path,
+    out: Path,
+    run_record: dict,
+    resume: bool,
+    max_minutes: float | None,
+    train_subset: int | None,
+    progress: bool,
+) -> dict:
+    """`train` once --out is held by this process."""
+    t_start = time.monotonic()
+    tc, mc = TrainingConfig.from_dict(config["training"]), config["model"]
     state_dir = checkpoints.check_run_folder(out, run_record, resume)
     data = TrainingData.load(data_dir, mc, train_subset, tc.holdout_stories)  # DataError before any training
     story_windows = data.train_windows  # (S, T+1, N): what a count prior is fitted on
@@ -279,7 +304,7 @@ def train(
         accelerator.print(*args, flush=True)
 
     describe_data(data, train_subset, accelerator, tc.batch_size, say)
-    with deterministic_algorithms(), sigterm_as_interrupt():
+    with deterministic_algorithms(), stop_signals_raise():
         set_seed(tc.seed)
         model = build_model(mc, model_vocab_size(mc["type"], data.vocab))
         parameters = count_parameters(model)
@@ -375,9 +400,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        train(
+    parser = build_parser()
+    add_verbose(parser)
+    args = parser.parse_args(argv)
+    return run_command(
+        lambda: train(
             args.config,
             args.data,
             args.out,
@@ -388,13 +415,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
             precision=args.precision,
             progress=not args.no_progress,
-        )
-    except (ConfigError, DataError, TrainingError, CheckpointError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    return 0
+        ),
+        verbose=args.verbose,
+    )
 
 
 if __name__ == "__main__":

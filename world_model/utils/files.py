@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -63,3 +65,54 @@ def replacing_file(path: Path) -> Iterator[str]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+class FolderInUse(ValueError):
+    """Another process holds the folder (it is writing a run there)."""
+
+
+@contextmanager
+def claimed(folder: Path, flag: str = "--out") -> Iterator[None]:
+    """Hold `folder` for this process for the block: a lock file `.<name>.lock` beside it, taken with flock, so a
+    second process that claims the same folder gets FolderInUse at once (the lock dies with its process; the file is
+    removed when the block ends). The folder's missing parents are made, and removed again when the block ends and
+    they are still empty (a refused run leaves nothing behind)."""
+    folder = Path(folder)
+    made = missing_parents(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = take_lock(folder.parent / f".{folder.name}.lock", folder, flag)
+        try:
+            yield
+        finally:
+            Path(lock.name).unlink(missing_ok=True)
+            lock.close()
+    finally:
+        for parent in made:
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+
+
+def missing_parents(folder: Path) -> list[Path]:
+    """The parents of `folder` that do not exist yet, deepest first."""
+    return [parent for parent in folder.absolute().parents if not parent.exists()]
+
+
+def take_lock(path: Path, folder: Path, flag: str):
+    """The open lock file `path`, flock'ed by this process; FolderInUse when another process holds it. A lock file
+    that its holder removed while this process waited is not a lock: then it is made anew."""
+    while True:
+        handle = open(path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise FolderInUse(f"{flag} {folder} is in use: {holder} is writing a run there") from None
+        if path.exists() and os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
+            handle.truncate(0)
+            handle.write(f"process {os.getpid()}")
+            handle.flush()
+            return handle
+        handle.close()

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from huggingface_hub import constants as hub_constants
 from huggingface_hub import try_to_load_from_cache
+from safetensors import SafetensorError, safe_open
 
 
 class ModelLoadError(OSError):
@@ -17,6 +18,8 @@ def explain_load_failure(source: str | Path, index_file: str, error: Exception) 
     """Say why ``source`` failed to load: a folder that lacks files, a missing folder, or a hub id
     that is not cached.  ``index_file`` is the file a loadable folder must have (e.g. config.json)."""
     path = Path(source).expanduser()
+    if path.is_dir() and (damaged := unreadable_weights(path)):
+        return damaged
     if path.is_dir():
         contents = ", ".join(sorted(p.name for p in path.iterdir())) or "nothing"
         lacks = f"it has no {index_file}; " if not (path / index_file).exists() else ""
@@ -37,6 +40,18 @@ def explain_load_failure(source: str | Path, index_file: str, error: Exception) 
         f"the hub is reachable (`hf download {source}`) and copy the cache, or pass a local folder (without network, "
         f"HF_HUB_OFFLINE=1 skips the download retries). Cause: {error}"
     )
+
+
+def unreadable_weights(folder: Path) -> str:
+    """What is wrong with the first .safetensors file of `folder` that cannot be read (cut short, or not
+    safetensors at all), or "" when every one reads."""
+    for path in sorted(folder.rglob("*.safetensors")):
+        try:
+            with safe_open(str(path), "pt"):
+                pass
+        except (SafetensorError, OSError) as err:
+            return f"{path} is truncated or corrupt and cannot be read ({err}); copy the model folder again"
+    return ""
 
 
 def default_device(device: str | torch.device | None) -> torch.device:

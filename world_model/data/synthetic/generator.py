@@ -10,6 +10,9 @@ Output of ``generate``: ``DIR/<split>/episode_00000.mp4`` (H.264, ``fps`` frames
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import argparse
 import json
 import os
@@ -31,6 +34,7 @@ from world_model.data.synthetic.simulation import (
     simulate,
 )
 from world_model.text.vocab import Vocabulary, tokenize
+from world_model.utils.cli import run_command
 from world_model.utils.video import write_video
 
 
@@ -129,29 +133,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     gen.add_argument("--fps", type=int, default=DEFAULT_FPS)
     gen.add_argument("--size", type=int, default=DEFAULT_SIZE)
     gen.add_argument("--overwrite", action="store_true")
+    gen.add_argument("--verbose", action="store_true", help="show the traceback of an error")
     args = parser.parse_args(argv)
-    try:
-        summary = generate(
-            args.episodes,
-            args.seed,
-            args.out,
-            args.split,
-            tuple(args.scenes.split(",")),
-            args.seconds,
-            args.fps,
-            args.size,
-            args.overwrite,
-        )
-    except (ValueError, FileExistsError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return run_command(lambda: generate_command(args), verbose=args.verbose)
+
+
+def generate_command(args: argparse.Namespace) -> None:
+    """`generate`: write the episodes and print what was written."""
+    summary = generate(
+        args.episodes,
+        args.seed,
+        args.out,
+        args.split,
+        tuple(args.scenes.split(",")),
+        args.seconds,
+        args.fps,
+        args.size,
+        args.overwrite,
+    )
     c = summary["ceiling"]
     per = ", ".join(f"{k} {v:.4f}" for k, v in c["per_scene"].items())
     print(
         f"wrote {summary['episodes']} {args.split} episodes to {args.out / args.split}: {summary['counts']}; "
         f"ceiling {c['overall']:.4f} ({per})"
     )
-    return 0
 
 
 if __name__ == "__main__":

@@ -29,6 +29,9 @@ or, for whole checkpoints beside copy-last and the simulator's ceiling (a Markdo
 
 from __future__ import annotations
 
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
 import json
 import math
 import os
@@ -368,10 +371,9 @@ def markdown_table(results: dict) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
     import json
-    import sys
 
-    from world_model.models.checkpoint import CheckpointError
     from world_model.models.decoding import READOUTS
+    from world_model.utils.cli import add_verbose, check_writable, run_command
 
     parser = argparse.ArgumentParser(
         prog="python -m world_model.data.synthetic.sentences",
@@ -385,16 +387,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5, help="predicted seconds (default 5)")
     parser.add_argument("--readout", choices=READOUTS, default="auto", help="as in pipeline.rollout (default auto)")
     parser.add_argument("--json", help="also write the results to this JSON file")
+    add_verbose(parser)
     args = parser.parse_args(argv)
-    try:
+
+    def work() -> None:
+        if args.json:
+            check_writable(args.json, "--json")
         results = score_checkpoints(args.checkpoint, args.data, args.episodes, args.observe, args.steps, args.readout)
-    except (CheckpointError, DataError, ValueError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(markdown_table(results), end="")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
-    return 0
+        print(markdown_table(results), end="")
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+
+    return run_command(work, verbose=args.verbose)
 
 
 if __name__ == "__main__":
