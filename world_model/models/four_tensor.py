@@ -22,6 +22,13 @@ from torch import nn
 from world_model.models.checkpoint import PretrainedMixin
 from world_model.models.copy_path import CopyPath
 from world_model.models.decoding import check_candidates, choose_candidates, slot_log_likelihood
+from world_model.models.explanations import (
+    ALTERNATIVES,
+    LastSliceProbe,
+    StepExplanation,
+    closed_set_choice,
+    token_choice,
+)
 from world_model.models.four_tensor_config import FourTensorConfig
 from world_model.models.four_tensor_layers import FourTensorLayer, InputConstruction
 from world_model.models.generation_config import GREEDY, GenerationConfig, after_first, sample_ids
@@ -247,11 +254,7 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         is sampled from softmax(score / temperature) (top_k then counts candidates). end_ids is not used.
         """
         c = self.config
-        logits = logits.float().clone()
-        excluded = [c.padding_idx, *generation.banned_ids]
-        if c.unknown_idx is not None:
-            excluded.append(c.unknown_idx)
-        logits[..., excluded] = float("-inf")
+        logits = self.readout_logits(logits, generation)
         if candidates is not None:
             check_candidates(candidates, c.n_tokens, c.padding_idx, c.vocab_size)
             candidates = candidates.to(logits.device).long()
@@ -263,6 +266,41 @@ class FourTensorModel(PretrainedMixin, nn.Module):
             ids = ids.masked_fill(after_first(is_end), c.padding_idx)
         return ids
 
+    def readout_logits(self, logits: torch.Tensor, generation: GenerationConfig = GREEDY) -> torch.Tensor:
+        """The logits (B, N, V) as `decode_state` reads them: fp32, -inf at padding, the unknown word and
+        `generation.banned_ids`."""
+        c = self.config
+        logits = logits.float().clone()
+        excluded = [c.padding_idx, *generation.banned_ids]
+        if c.unknown_idx is not None:
+            excluded.append(c.unknown_idx)
+        logits[..., excluded] = float("-inf")
+        return logits
+
+    def explain_state(
+        self,
+        logits: torch.Tensor,
+        state: torch.Tensor,
+        probe: LastSliceProbe,
+        generation: GenerationConfig = GREEDY,
+        candidates: torch.Tensor | None = None,
+        alternatives: int = ALTERNATIVES,
+    ) -> StepExplanation:
+        """Why `decode_state` chose the states (B, N) off these logits (B, N, V), and how sure it was: the
+        `world_model.models.explanations` record, with the attention and copy path of `probe`, which watched the
+        forward pass that gave the logits."""
+        c = self.config
+        log_probs = self.readout_logits(logits, generation).log_softmax(dim=-1)
+        if candidates is None:
+            choice = token_choice(log_probs, state, c.padding_idx, generation.end_ids, alternatives)
+        else:
+            candidates = candidates.to(state.device).long()
+            scores = slot_log_likelihood(log_probs, candidates, c.padding_idx)  # (B, C)
+            chosen = (candidates[None] == state[:, None]).all(dim=-1).float().argmax(dim=1)  # (B,)
+            p, rows, p_rows = closed_set_choice(scores, chosen, alternatives)
+            choice = (p, candidates[rows], p_rows)
+        return StepExplanation(*choice, **probe.attribution(state, log_probs, c.padding_idx))
+
     @torch.no_grad()
     def rollout(
         self,
@@ -271,13 +309,16 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         generation: GenerationConfig = GREEDY,
         generator: torch.Generator | None = None,
         candidates: torch.Tensor | None = None,
+        explanations: list[StepExplanation] | None = None,
+        alternatives: int = ALTERNATIVES,
     ) -> torch.Tensor:
         """Predict `steps` future sentences from a window (B, T, N) -> (B, steps, N).
 
         Each step reads the next sentence off the last slice, appends the prediction, drops the oldest
         sentence once the window holds T, and writes the new window again onto positions 0..T-1 (the temporal
         embedding is recomputed from those positions, section 2.3). Decoding follows `decode_state` (with
-        `candidates`, every predicted sentence is one of them).
+        `candidates`, every predicted sentence is one of them). Given a list, `explanations` receives each step's
+        `explain_state` (with `alternatives` runner-ups), read off the same forward pass.
         """
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
@@ -285,8 +326,11 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         window = token_ids.long()
         predicted = []
         for _ in range(steps):
-            logits = self.last_slice_logits(window)  # (B, N, V)
+            with LastSliceProbe(self, active=explanations is not None) as probe:
+                logits = self.last_slice_logits(window)  # (B, N, V)
             state = self.decode_state(logits, generation, generator, candidates)
+            if explanations is not None:
+                explanations.append(self.explain_state(logits, state, probe, generation, candidates, alternatives))
             predicted.append(state)
             window = torch.cat([window, state[:, None]], dim=1)[:, -self.config.n_states :]
         return torch.stack(predicted, dim=1)
