@@ -42,7 +42,7 @@ import torch
 from world_model.data.rocstories import DataError
 from world_model.data.synthetic.sentences import episode_sentences, read_episodes, sentence_windows
 from world_model.models.checkpoint import CheckpointError
-from world_model.models.decoding import slot_log_likelihood
+from world_model.models.decoding import CALIBRATION_NAME, slot_log_likelihood
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import PAD_ID, UnknownWordError, Vocabulary
 from world_model.utils.eval_mode import eval_mode
@@ -162,6 +162,7 @@ def calibrate(checkpoint: str | Path, heldout: str | Path, train: str | Path | N
     result = {
         "checkpoint": str(checkpoint),
         "heldout": str(heldout),
+        "heldout_made_by": generator_command(heldout),
         "known_sentences": len(candidates),
         "mass_outside_known": float(outside.mean()),
         "at_1": metrics(scores, truth, outside),
@@ -171,11 +172,25 @@ def calibrate(checkpoint: str | Path, heldout: str | Path, train: str | Path | N
         temperature = fit_temperature(*evaluate(train)[:3])
         result.update(
             train=str(train),
+            train_made_by=generator_command(train),
             fitted_temperature=temperature,
             at_fitted=metrics(scores, truth, outside, temperature),
             per_scene_at_fitted=per_scene(scores, truth, outside, scenes, temperature),
         )
     return result
+
+
+def generator_command(split: str | Path) -> str | None:
+    """The command that wrote a split folder, from its summary.json (None when it has none)."""
+    path = Path(split) / "summary.json"
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text())
+    return (
+        "python -m world_model.data.synthetic.generator generate "
+        f"--split {summary['split']} --episodes {summary['episodes']} --seed {summary['base_seed']} --out DIR "
+        f"--size {summary['size'][0]}"
+    )
 
 
 def per_scene(scores, truth, outside, scenes: list[str], temperature: float) -> dict:
@@ -203,6 +218,9 @@ def markdown(result: dict, command: str) -> str:
         "under the simulator's exact next-sentence distribution (`world_model/evaluation/calibration.py`); floors are "
         "those of the exact distribution itself. Mass of the true distributions on sentences outside the known set: "
         f"{result['mass_outside_known']:.4f}.",
+        "",
+        f"Held-out episodes: `{result['heldout_made_by']}`"
+        + (f"; training episodes: `{result['train_made_by']}`." if "train" in result else "."),
         "",
         "| temperature | windows | ECE | mean confidence | accuracy (exact) | Brier | Brier floor | log-loss | "
         "log-loss floor |",
@@ -257,7 +275,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--heldout", required=True, help="held-out split folder (episodes.jsonl) to report on")
     parser.add_argument("--train", help="training split folder (another seed) to fit a temperature on")
     parser.add_argument("--out", required=True, type=Path, help="folder for results.json, results.md, reliability.png")
+    parser.add_argument(
+        "--save",
+        action="store_true",
+        help=f"write the fitted temperature to the checkpoint's {CALIBRATION_NAME}, which rollouts then report with",
+    )
     args = parser.parse_args(argv)
+    if args.save and not args.train:
+        parser.error("--save needs --train: the temperature is fitted on training episodes")
     try:
         result = calibrate(args.checkpoint, args.heldout, args.train)
     except (CheckpointError, DataError, OSError, ValueError) as err:
@@ -268,6 +293,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.out / "results.json").write_text(json.dumps({"command": command, **result}, indent=2) + "\n")
     (args.out / "results.md").write_text(markdown(result, command))
     plot(result, args.out / "reliability.png")
+    if args.save:
+        saved = {"temperature": result["fitted_temperature"], "fitted_on": result["train"], "command": command}
+        (Path(args.checkpoint) / CALIBRATION_NAME).write_text(json.dumps(saved, indent=2) + "\n")
     print(markdown(result, command))
     return 0
 

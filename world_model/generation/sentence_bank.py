@@ -35,7 +35,7 @@ from typing import Sequence
 import torch
 
 from world_model.models.checkpoint import resolve_folder
-from world_model.models.decoding import KNOWN_SENTENCES_NAME, choose_candidates
+from world_model.models.decoding import KNOWN_SENTENCES_NAME, choose_candidates, load_confidence_temperature
 from world_model.models.explanations import ALTERNATIVES, LastSliceProbe, StepExplanation, closed_set_choice
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.generation_config import READOUT_CHOICES, GenerationConfig
@@ -341,14 +341,19 @@ class Readout:
     kind: str
     known: torch.Tensor | None = None  # (C, N) for "sentences"
     bank: SentenceBank | None = None  # for "bank"
+    confidence_temperature: float = 1.0  # for "sentences": explanations report softmax(score / this)
 
     @property
     def name(self) -> str:
         """For records and tables."""
         if self.kind == "tokens":
             return "tokens"
-        count = len(self.known) if self.kind == "sentences" else len(self.bank.candidates)
-        return f"sentences ({count} known)" if self.kind == "sentences" else f"bank ({count} sentences)"
+        if self.kind == "bank":
+            return f"bank ({len(self.bank.candidates)} sentences)"
+        calibrated = (
+            "" if self.confidence_temperature == 1 else f", confidence temperature {self.confidence_temperature:g}"
+        )
+        return f"sentences ({len(self.known)} known{calibrated})"
 
     def rollout(
         self,
@@ -384,7 +389,7 @@ class Readout:
         seeded with `generation.seed`, under its precision, a sentence ending at the vocabulary's end tokens; each a
         (steps, N) tensor of ids on the CPU. Given a list, `explanations` receives one list of `steps`
         StepExplanations per future (for a model that `can_explain`)."""
-        generation = replace(generation, end_ids=vocab.end_ids)
+        generation = replace(generation, end_ids=vocab.end_ids, confidence_temperature=self.confidence_temperature)
         generator = generation.generator()
         futures = []
         for _ in range(generation.futures):
@@ -411,7 +416,9 @@ def resolve_readout(
                 f"readout 'sentences' needs {KNOWN_SENTENCES_NAME} in the predictor folder {folder}, "
                 "which has none; use readout 'tokens'"
             )
-        return Readout("sentences", known=known)
+        return Readout(
+            "sentences", known=known, confidence_temperature=load_confidence_temperature(resolve_folder(folder))
+        )
     bank = load_bank(resolve_folder(folder), vocab, n_tokens)
     if bank is None and readout == "bank":
         raise ValueError(

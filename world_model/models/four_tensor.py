@@ -297,7 +297,7 @@ class FourTensorModel(PretrainedMixin, nn.Module):
             candidates = candidates.to(state.device).long()
             scores = slot_log_likelihood(log_probs, candidates, c.padding_idx)  # (B, C)
             chosen = (candidates[None] == state[:, None]).all(dim=-1).float().argmax(dim=1)  # (B,)
-            p, rows, p_rows = closed_set_choice(scores, chosen, alternatives)
+            p, rows, p_rows = closed_set_choice(scores / generation.confidence_temperature, chosen, alternatives)
             choice = (p, candidates[rows], p_rows)
         return StepExplanation(*choice, **probe.attribution(state, log_probs, c.padding_idx))
 
