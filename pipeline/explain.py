@@ -58,8 +58,7 @@ def step_records(
         record = {
             "probability": significant(row["probability"]),
             "alternatives": [
-                {"sentence": vocab.decode(torch.tensor(ids)), "probability": significant(p)}
-                for ids, p in row["alternatives"]
+                {"sentence": vocab.decode(ids), "probability": significant(p)} for ids, p in row["alternatives"]
             ],
             "attention": None,
             "drew_on": None,

@@ -67,14 +67,15 @@ def test_recorded_attention_is_the_last_slice_of_the_full_attention(vocab, windo
     model = tiny_model(vocab, **options)
     with torch.no_grad(), LastSliceProbe(model) as probe:
         model.encode(windows)
-    assert len(probe.weights) == 2, "one record per layer"
+    weights = probe.weights()
+    assert weights.shape[0] == 2, "one record per layer"
     X = model.input_construction(windows).flatten(3)  # (B, N, T, d), the first layer's input
     pad = model.build_pad_mask(windows)
     first = model.layers[0]
     with torch.no_grad():
         full = first.attention.attention_weights(first.ln_attn(X), pad)  # (B, H, N, T, N, T)
     expected = full[:, :, :, -1].flatten(3)  # (B, H, N, N*T)
-    torch.testing.assert_close(probe.weights[0], expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(weights[0], expected, rtol=1e-5, atol=1e-6)
     assert all(a.last_slice_probe is None for a in (layer.attention for layer in model.layers)), "probe removed"
 
 

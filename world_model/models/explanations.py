@@ -45,6 +45,12 @@ class StepExplanation:
     copy_mass: torch.Tensor | None = None  # (B, N)
     copy_share: torch.Tensor | None = None  # (B, N)
 
+    def split(self, parts: int) -> list["StepExplanation"]:
+        """An explanation of `parts` steps stacked along the batch axis (steps * B rows, step-major) -> one per step."""
+        fields = {k: v for k, v in vars(self).items()}
+        chunks = {k: None if v is None else v.chunk(parts) for k, v in fields.items()}
+        return [StepExplanation(**{k: None if v is None else v[i] for k, v in chunks.items()}) for i in range(parts)]
+
     def row(self, b: int) -> dict:
         """Window b as plain Python: {"probability", "alternatives" [(ids list, p)], "slice_mass" list | None,
         "copy" {"gate", "mass", "share"} lists | None}."""
@@ -68,13 +74,17 @@ class StepExplanation:
 
 class LastSliceProbe:
     """While entered (with `active`), records what a forward pass of `model` shows about its last slice: each
-    4-tensor attention layer's `last_slice_weights` (B, H, N, N*T), in layer order, and the copy path's output
-    (log g, log(1 - g), pointer, key ids; `CopyPath.forward`) when the model has one. Inactive, it does nothing,
-    so a rollout can enter it on every step at no cost."""
+    4-tensor attention layer's attention logits (before scaling) of the last slice's queries (B, H, N, N*T) with the pad_mask
+    (B, N, T), in layer order (`FourTensorAttention.last_slice_probe`), and the copy path's output (log g,
+    log(1 - g), pointer, key ids; `CopyPath.forward`) when the model has one. The weights are formed when asked for
+    (`weights`), once for many steps (`stacked`). Inactive, it does nothing, so a rollout can enter it on every
+    step."""
 
     def __init__(self, model, active: bool = True):
         self.model, self.active = model, active
-        self.weights: list[torch.Tensor] = []
+        self.records: list[tuple[torch.Tensor, ...]] = []  # layer by layer (and step by step within a layer)
+        self.layers: int | None = None  # how many layers the records span, when they hold several steps
+        self.scale = 1.0  # the attention's score scale, 1 / sqrt(d)
         self.copy: tuple[torch.Tensor, ...] | None = None
         self._hook = None
 
@@ -85,7 +95,8 @@ class LastSliceProbe:
     def __enter__(self) -> "LastSliceProbe":
         if self.active:
             for attention in self._attentions():
-                attention.last_slice_probe = self.weights  # every layer appends to the one list, in order
+                attention.last_slice_probe = self.records  # every layer appends to the one list, in order
+                self.scale = attention.scale
             pointer = getattr(self.model, "pointer", None)
             if pointer is not None:
                 self._hook = pointer.register_forward_hook(self._keep_copy)
@@ -101,25 +112,57 @@ class LastSliceProbe:
             if self._hook is not None:
                 self._hook.remove()
 
+    @property
+    def window_length(self) -> int:
+        """N * T' of the window the probe watched (0 when it recorded no attention)."""
+        return self.records[0][0].shape[-1] if self.records else 0
+
+    @classmethod
+    def stacked(cls, probes: list["LastSliceProbe"]) -> "LastSliceProbe":
+        """The records of probes that watched windows of one length, stacked along the batch axis in their order."""
+        merged = cls(None, active=False)
+        merged.records = [record for layer in zip(*(p.records for p in probes)) for record in layer]  # layer-major
+        merged.layers, merged.scale = len(probes[0].records), probes[0].scale
+        if probes[0].copy is not None:
+            merged.copy = tuple(torch.cat(part) for part in zip(*(p.copy for p in probes)))
+        return merged
+
+    def weights(self) -> torch.Tensor | None:
+        """The last slice's attention weights in every layer, (L, B, H, N, N*T), keys at flat positions x' * T + t';
+        None when no attention was recorded.
+
+        Equal to `FourTensorAttention.attention_weights`[:, :, :, T-1] in both variants: every slice t' <= T-1 is
+        visible to the last slice, so the temporal-causal bias reduces to the key padding mask there, and a window
+        whose keys are all padding gets the uniform distribution in both."""
+        if not self.records:
+            return None
+        scores = torch.cat([qk for qk, _ in self.records]).float() * self.scale  # (L B, H, N, NT), layers stacked
+        pad_mask = torch.cat([pad for _, pad in self.records])
+        B, N, T = pad_mask.shape
+        keys_pad = pad_mask.reshape(B, 1, 1, N * T)
+        weights = scores.masked_fill(keys_pad, torch.finfo(scores.dtype).min).softmax(dim=-1)
+        layers = self.layers or len(self.records)
+        return weights.view(layers, B // layers, *weights.shape[1:])
+
     def attribution(self, state: torch.Tensor, log_probs: torch.Tensor, padding_idx: int) -> dict:
         """`StepExplanation`'s slice_mass and copy fields for the chosen states (B, N), given the per-slot
         log-probabilities (B, N, V) they were read off."""
         content = state != padding_idx  # (B, N)
-        fields = {"slice_mass": slice_mass(self.weights, content) if self.weights else None}
+        weights = self.weights()
+        fields = {"slice_mass": None if weights is None else slice_mass(weights, content)}
         if self.copy is not None:
             fields.update(copy_attribution(self.copy, state, log_probs, content))
         return fields
 
 
-def slice_mass(weights: list[torch.Tensor], query_slots: torch.Tensor) -> torch.Tensor:
-    """Attention mass per window slice: L layers' last-slice weights (B, H, N, N*T), keys at x' * T + t', and the
-    query slots to average over (B, N) bool -> (B, T), each row summing to 1 (see the module docstring)."""
-    A = torch.stack(weights).float()  # (L, B, H, N, NT)
-    L, B, H, N, NT = A.shape
-    per_slice = A.view(L, B, H, N, N, NT // N).sum(dim=4).mean(dim=(0, 2))  # (B, N query slots, T)
+def slice_mass(weights: torch.Tensor, query_slots: torch.Tensor) -> torch.Tensor:
+    """Attention mass per window slice: the last slice's weights in L layers (L, B, H, N, N*T), keys at x' * T + t',
+    and the query slots to average over (B, N) bool -> (B, T), each row summing to 1 (see the module docstring)."""
+    L, B, H, N, NT = weights.shape
+    per_slice = weights.view(L, B, H, N, N, NT // N).sum(dim=(0, 2, 4))  # (B, N query slots, T), summed over L, H
     w = query_slots.float()
-    w = torch.where(w.sum(dim=1, keepdim=True) > 0, w, torch.ones_like(w))  # no word: every slot
-    return (per_slice * w[..., None]).sum(dim=1) / w.sum(dim=1)[:, None]
+    w = w + (w.sum(dim=1, keepdim=True) == 0)  # no word: every slot
+    return (w[:, None, :] @ per_slice)[:, 0] / (w.sum(dim=1, keepdim=True) * L * H)
 
 
 def copy_attribution(

@@ -14,6 +14,7 @@ Layout: `four_tensor_config` (FourTensorConfig), `four_tensor_layers` (input con
 
 from __future__ import annotations
 
+from itertools import groupby
 from typing import NamedTuple
 
 import torch
@@ -324,16 +325,41 @@ class FourTensorModel(PretrainedMixin, nn.Module):
             raise ValueError(f"steps must be >= 1, got {steps}")
         self.check_token_ids(token_ids)
         window = token_ids.long()
-        predicted = []
+        predicted, seen = [], []
         for _ in range(steps):
             with LastSliceProbe(self, active=explanations is not None) as probe:
                 logits = self.last_slice_logits(window)  # (B, N, V)
             state = self.decode_state(logits, generation, generator, candidates)
-            if explanations is not None:
-                explanations.append(self.explain_state(logits, state, probe, generation, candidates, alternatives))
+            seen.append((logits, state, probe))
             predicted.append(state)
             window = torch.cat([window, state[:, None]], dim=1)[:, -self.config.n_states :]
+        if explanations is not None:
+            explanations += self.explain_steps(seen, generation, candidates, alternatives)
         return torch.stack(predicted, dim=1)
+
+    def explain_steps(
+        self,
+        seen: list[tuple[torch.Tensor, torch.Tensor, LastSliceProbe]],
+        generation: GenerationConfig = GREEDY,
+        candidates: torch.Tensor | None = None,
+        alternatives: int = ALTERNATIVES,
+    ) -> list[StepExplanation]:
+        """`explain_state` of each rollout step (its logits (B, N, V), states (B, N) and probe), computed once for
+        each run of steps whose windows have one length (stacked along the batch axis), so that explaining costs
+        a few operations per rollout rather than per step."""
+        explained = []
+        for _, group in groupby(seen, key=lambda step: step[2].window_length):
+            logits, states, probes = zip(*group)
+            stacked = self.explain_state(
+                torch.cat(logits),
+                torch.cat(states),
+                LastSliceProbe.stacked(probes),
+                generation,
+                candidates,
+                alternatives,
+            )
+            explained += stacked.split(len(probes))
+        return explained
 
 
 def tucker_from_dense(dense_model: FourTensorModel, shared_factors: bool = False) -> FourTensorModel:

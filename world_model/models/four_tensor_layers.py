@@ -143,7 +143,9 @@ class FourTensorAttention(nn.Module):
             bound = math.sqrt(3.0 * c.d / (r_m * r_p * r_n * r_q))  # uniform(-a, a) has variance a^2 / 3
             self.core = nn.Parameter(torch.empty(3, c.n_heads, r_m, r_p, r_n, r_q).uniform_(-bound, bound))
         self.scale = 1.0 / math.sqrt(c.d)
-        self.last_slice_probe: list[torch.Tensor] | None = None  # a list: forward appends `last_slice_weights`
+        # a list: forward appends (q.k (B, H, N, N*T), pad_mask (B, N, T)), the attention logits (before `scale`) of
+        # the last slice's queries, the slots that read out the next sentence (world_model.models.explanations)
+        self.last_slice_probe: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def qkv(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """X (B, N*T, d) -> Q, K, V each (B, H, N*T, d)."""
@@ -206,25 +208,13 @@ class FourTensorAttention(nn.Module):
             scores = scores.masked_fill(keys_pad, torch.finfo(scores.dtype).min)  # key axes only
         return scores.softmax(dim=-1).view(B, self.n_heads, N, T, N, T)
 
-    def last_slice_weights(self, q: torch.Tensor, k: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
-        """The attention of the last slice's N queries (x, T-1), the slots that predict the next sentence:
-        q, k (B, H, N*T, d), pad_mask (B, N, T) -> (B, H, N, N*T), keys at flat positions x' * T + t'.
-
-        Equal to `attention_weights`[:, :, :, T-1] in both variants: every slice t' <= T-1 is visible to the last
-        slice, so the temporal-causal bias reduces to the key padding mask there, and a window whose keys are all
-        padding gets the uniform distribution in both."""
-        B, N, T = pad_mask.shape
-        rows = torch.arange(N, device=q.device) * T + T - 1
-        scores = self.scale * q[:, :, rows].float() @ k.float().transpose(-1, -2)  # (B, H, N, NT)
-        keys_pad = pad_mask.reshape(B, 1, 1, N * T)
-        return scores.masked_fill(keys_pad, torch.finfo(scores.dtype).min).softmax(dim=-1)
-
     def forward(self, X: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
         """X (B, N, T, d) normalised stream, pad_mask (B, N, T) True at padding -> (B, N, T, d)."""
         B, N, T, d = X.shape
         q, k, v = self.qkv(X.reshape(B, N * T, d))
         if self.last_slice_probe is not None:
-            self.last_slice_probe.append(self.last_slice_weights(q, k, pad_mask))
+            last = q[:, :, T - 1 :: T]  # (B, H, N, d): flat positions x * T + t with t = T - 1
+            self.last_slice_probe.append((last @ k.mT, pad_mask))
         if self.causal and self.fused:
             # Every query keeps at least one open key (temporal_causal_bias), so the fused kernel is exact.
             y = F.scaled_dot_product_attention(
