@@ -34,10 +34,10 @@ from encoders.frames import VideoError, sample_frames
 from encoders.grounding import clip_verdict
 from pipeline.components import load_captioner, load_predictor, load_readout, load_renderer
 from pipeline.config import FrameSampling, ModelChoice, OutputConfig, Plan, make_plan
-from pipeline.explain import explain_lines, probability_text, step_records
 from pipeline.presets import PresetError, available_presets
 from pipeline.run_folder import RunFolderError, default_out_dir, prepare_run_dir
 from pipeline.run_outputs import rollout_record, window_warnings, write_json, write_outputs
+from world_model.generation.explain import describe_slice, explain_lines, probability_text, step_records
 from world_model.models.checkpoint import CheckpointError
 from world_model.models.generation_config import GenerationConfig
 from world_model.text.windows import CaptionWindow, caption_window, decode_states
@@ -196,7 +196,7 @@ def predict(
     predictor, readout, window: CaptionWindow, captions: int, steps: int, generation: GenerationConfig, device: str
 ) -> list[dict]:
     """`generation.futures` rollouts of `steps` states from the window of `captions` captions: [{"sentences",
-    "token_ids", "explanations"}], the last a list of per-step records (`pipeline.explain`) when
+    "token_ids", "explanations"}], the last a list of per-step records (`world_model.generation.explain`) when
     `generation.explanations` and the model can explain, else None."""
     seen = [] if generation.explanations else None
     vocab = predictor.vocab
@@ -244,9 +244,14 @@ def unknown_warning(verdict: dict, groundings: list, captioner: str) -> str:
 
 
 def summary(result: RolloutResult, explain: bool = False) -> str:
-    """What the command prints; with `explain`, each predicted step's probability and `pipeline.explain.explain_lines`."""
+    """What the command prints; with `explain`, each predicted step's probability and its
+    `world_model.generation.explain.explain_lines`."""
     r = result.record
     lines = [f"preset: {r['preset']} ({r['preset_reason']})"]
+
+    def caption_time(index: int) -> str:
+        return f"caption at t={r['observed'][index]['timestamp_s']:.1f}s"
+
     lines += [
         f"  t={o['timestamp_s']:>6.1f}s  {o['caption']}"
         + ("  [outside the captioner's world]" if (o["grounding"] or {}).get("grounded") is False else "")
@@ -258,7 +263,7 @@ def summary(result: RolloutResult, explain: bool = False) -> str:
             step = (p.get("explanations") or [None] * len(p["sentences"]))[s]
             if explain and step:
                 lines.append(f"  step {s + 1}: {text}  (p={probability_text(step['probability'])})")
-                lines += explain_lines(step, r["observed"])
+                lines += explain_lines(step, lambda source: describe_slice(source, caption_time))
             else:
                 lines.append(f"  step {s + 1}: {text}")
     lines.append(f"out-of-vocabulary rate: {r['oov']['rate']:.1%}")

@@ -1,14 +1,14 @@
 """Why a predicted state and how sure: the explanations a rollout records (world_model.models.explanations),
-rollout.json's per-step records and the --explain output (pipeline.explain), on tiny models."""
+rollout.json's per-step records and the --explain output (world_model.generation.explain), on tiny models."""
 
 import json
 
 import pytest
 import torch
 
-from pipeline.explain import step_records, window_sources
 from pipeline.rollout import main
 from tests.model_factories import one_torch_thread
+from world_model.generation.explain import step_records, window_sources
 from world_model.generation.sentence_bank import SentenceBank, bank_rollout, slot_log_probs
 from world_model.models.decoding import slot_log_likelihood, write_known_sentences
 from world_model.models.explanations import LastSliceProbe

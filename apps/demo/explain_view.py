@@ -1,4 +1,5 @@
-"""The demo's view of why each future was predicted and how sure (rollout.json's per-step records, `pipeline.explain`).
+"""The demo's view of why each future was predicted and how sure (rollout.json's per-step records,
+`world_model.generation.explain`).
 
 The predicted-sentences table gets three columns, written as inline HTML inside the Markdown table (Gradio keeps
 details, summary, meter, mark and span with their class and title):
@@ -8,14 +9,14 @@ details, summary, meter, mark and span with their class and title):
 - **attention**: one small bar (`meter.attention`, 0 to 1) per slice of the window the step read, labelled with the
   caption's time (or the earlier step), the caption in its tooltip.
 
-Words that came mostly through the copy path (`pipeline.explain.COPIED`) are highlighted with `mark.copied`.
+Words that came mostly through the copy path (`world_model.generation.explain.COPIED`) are highlighted with `mark.copied`.
 """
 
 from __future__ import annotations
 
 import html
 
-from pipeline.explain import COPIED, probability_text
+from world_model.generation.explain import COPIED, probability_text
 
 HEADER = ["| step | predicted sentence | p | alternatives | attention (per window slice) |", "|---:|---|---:|---|---|"]
 LEGEND = (

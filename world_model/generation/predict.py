@@ -22,6 +22,7 @@ from pathlib import Path
 
 from transformers import HfArgumentParser
 
+from world_model.generation.explain import describe_slice, explain_lines, probability_text, step_records
 from world_model.generation.sentence_bank import resolve_readout
 from world_model.models.checkpoint import CheckpointError
 from world_model.models.generation_config import GenerationConfig
@@ -43,7 +44,9 @@ def predict(
     """The predicted next `steps` sentences for each sample, with the window and its unknown words; `generation`
     (default greedy) as in `world_model.models.generation_config`, its readout as in
     `world_model.generation.sentence_bank.resolve_readout`. Raises ValueError for an empty sentence or `steps` /
-    samples outside 1..MAX_STEPS / 1..MAX_SAMPLES; `warnings` names sentences cut to the slot count."""
+    samples outside 1..MAX_STEPS / 1..MAX_SAMPLES; `warnings` names sentences cut to the slot count. With
+    `generation.explanations` (the default), `explanations` holds per future the per-step records of
+    `world_model.generation.explain` (None for a model that cannot explain)."""
     generation = generation or GenerationConfig()
     check_request(sentences, steps, generation.samples)
     model, vocab, known = load_predictor(checkpoint)
@@ -55,13 +58,18 @@ def predict(
         for i, n in enumerate((len(tokenize(s)) for s in sentences), 1)
         if n > c.n_tokens
     ]
-    futures = [decode_states(ids, vocab) for ids in chosen.futures(model, vocab, window.token_ids, steps, generation)]
+    seen = [] if generation.explanations else None
+    futures = chosen.futures(model, vocab, window.token_ids, steps, generation, seen)
     return {
         "checkpoint": str(checkpoint),
         "readout": chosen.kind,
         "window": window.states,
         "unknown_words": window.unknown_words,
-        "predictions": futures,
+        "predictions": [decode_states(ids, vocab) for ids in futures],
+        "explanations": [
+            step_records(steps_seen, ids, window.states, len(sentences), vocab) if steps_seen else None
+            for ids, steps_seen in zip(futures, seen or [None] * len(futures))
+        ],
         "warnings": warnings,
     }
 
@@ -92,6 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--steps", type=int, default=1, help=f"sentences to predict (default 1, at most {MAX_STEPS})")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="print under each predicted sentence its probability, the likeliest alternatives and the observed "
+        "sentence it drew on most (the JSON holds them either way)",
+    )
     try:
         generation, args = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
         result = predict(args.sentences, args.checkpoint, args.steps, generation)
@@ -107,9 +121,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  observed: {state or '(empty)'}")
     if result["unknown_words"]:
         print(f"  not in the vocabulary: {', '.join(result['unknown_words'])}")
-    for k, future in enumerate(result["predictions"]):
+    for k, (future, explained) in enumerate(zip(result["predictions"], result["explanations"])):
         for step, sentence in enumerate(future, 1):
-            print(f"{'predicted' if len(result['predictions']) == 1 else f'sample {k + 1}'} +{step}: {sentence}")
+            label = "predicted" if len(result["predictions"]) == 1 else f"sample {k + 1}"
+            if args.explain and explained:
+                record = explained[step - 1]
+                print(f"{label} +{step}: {sentence}  (p={probability_text(record['probability'])})")
+                print("\n".join(explain_lines(record, describe_slice)))
+            else:
+                print(f"{label} +{step}: {sentence}")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""A rollout's explanations as rollout.json records and as the lines `--explain` prints.
+"""A rollout's explanations as records (pipeline.rollout's rollout.json, world_model.generation.predict's JSON) and
+as the lines `--explain` prints.
 
 Each predicted step of a future gets (from `world_model.models.explanations.StepExplanation`, whose docstring defines
 every quantity):
@@ -9,11 +10,14 @@ every quantity):
      "drew_on": {"source", "index", "text", "mass"},    # the slice with the most attention
      "copy": None | [{"slot", "word", "gate", "pointer_mass", "share"}]}  # copy-path models: the chosen words
 
-A slice's source is "observed" (index: the caption's position in rollout.json's "observed"), "predicted" (index:
-the earlier step, 0-based) or "empty" (left padding of a window with fewer states than the predictor reads).
+A slice's source is "observed" (index: the observed sentence's position, in the video rollout the caption's in
+rollout.json's "observed"), "predicted" (index: the earlier step, 0-based) or "empty" (left padding of a window with
+fewer states than the predictor reads).
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
@@ -90,27 +94,28 @@ def copied_words(copy: dict, state: torch.Tensor, vocab: Vocabulary) -> list[dic
     ]
 
 
-def describe_source(source: dict, observed: list[dict]) -> str:
-    """A slice for a person: the caption with its time, the earlier predicted step, or the empty padding."""
-    if source["source"] == "observed":
-        return f'caption at t={observed[source["index"]]["timestamp_s"]:.1f}s "{source["text"]}"'
-    if source["source"] == "predicted":
-        return f'predicted step {source["index"] + 1} "{source["text"]}"'
-    return "an empty slot of the window"
-
-
-def explain_lines(step: dict, observed: list[dict], indent: str = "      ") -> list[str]:
-    """The lines `--explain` prints under a predicted step: alternatives, the slice it drew on most, copied words."""
+def explain_lines(step: dict, describe: Callable[[dict], str], indent: str = "      ") -> list[str]:
+    """The lines `--explain` prints under a predicted step: its alternatives, the window slice it drew on most (in
+    the words of `describe`) and the words it copied."""
     lines = [f"{indent}or {probability_text(a['probability'])}  {a['sentence']}" for a in step["alternatives"]]
     if step["drew_on"] is not None:
         lines.append(
-            f"{indent}drew on most: {describe_source(step['drew_on'], observed)} "
-            f"({step['drew_on']['mass']:.0%} of the attention)"
+            f"{indent}drew on most: {describe(step['drew_on'])} ({step['drew_on']['mass']:.0%} of the attention)"
         )
     copied = [w for w in step["copy"] or [] if w["share"] >= COPIED]
     if copied:
         lines.append(f"{indent}copied: " + ", ".join(f"{w['word']} (pointer {w['pointer_mass']:.2f})" for w in copied))
     return lines
+
+
+def describe_slice(source: dict, observed: Callable[[int], str] = lambda i: f"observed sentence {i + 1}") -> str:
+    """A window slice for a person: the observed sentence (named by `observed(index)`), the earlier predicted step,
+    or the window's empty padding."""
+    if source["source"] == "observed":
+        return f'{observed(source["index"])} "{source["text"]}"'
+    if source["source"] == "predicted":
+        return f'predicted step {source["index"] + 1} "{source["text"]}"'
+    return "an empty slot of the window"
 
 
 def probability_text(p: float) -> str:
