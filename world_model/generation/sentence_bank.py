@@ -370,6 +370,7 @@ class Readout:
         explain = (
             {} if explanations is None else {"explanations": explanations, "alternatives": generation.alternatives}
         )
+        generation = replace(generation, confidence_temperature=self.confidence_temperature)
         if self.kind == "bank":
             return bank_rollout(
                 model, window, steps, self.bank, generation.temperature, generation.top_k, generator, **explain
@@ -389,7 +390,7 @@ class Readout:
         seeded with `generation.seed`, under its precision, a sentence ending at the vocabulary's end tokens; each a
         (steps, N) tensor of ids on the CPU. Given a list, `explanations` receives one list of `steps`
         StepExplanations per future (for a model that `can_explain`)."""
-        generation = replace(generation, end_ids=vocab.end_ids, confidence_temperature=self.confidence_temperature)
+        generation = replace(generation, end_ids=vocab.end_ids)
         generator = generation.generator()
         futures = []
         for _ in range(generation.futures):
