@@ -5,8 +5,9 @@
 Times `pipeline.rollout.predict` (the predict stage of `run_rollout`: the readout's rollout and the records it
 returns) on fixed observed sentences, for each predictor and readout the pipeline ships: the offline pack's
 predictor with its known sentences and per slot, and the ROCStories predictor with its sentence bank. Runs with
-explanations on and off alternate (so that load on a shared machine falls on both alike); the median of `repeats`
-each is reported, and the overhead is median(on) / median(off) - 1. Times are the process's CPU time
+explanations on and off come in pairs, back to back in a random order (so that load on a shared machine falls on
+both alike); the median time of `repeats` runs each is reported, and the overhead is the median over pairs of
+on / off - 1. Times are the process's CPU time
 (`time.process_time`), which the other processes of a shared machine do not inflate as they do wall time; run it
 with one thread (OMP_NUM_THREADS=1). Writes overhead.json and overhead.md.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import shlex
 import statistics
 import sys
@@ -48,29 +50,33 @@ CASES = (  # (name, predictor folder, readout, observed sentences)
 
 
 def time_predict(folder: Path, readout_kind: str, sentences: list[str], steps: int, repeats: int) -> dict:
-    """Median and least CPU seconds of `predict` with explanations off and on, alternating runs, after one warm-up
-    of each."""
+    """CPU seconds of `predict` with explanations off and on: `repeats` pairs of runs, the two of a pair back to back
+    in a random order, after one warm-up pair. The overhead is the median over pairs of on / off - 1, so that load
+    that changes over the minutes of a run falls on both halves of a pair alike."""
     predictor = load_predictor(str(folder), "cpu")
     readout = load_readout(str(folder), "cpu", readout_kind)
     c = predictor.model.config
     window = caption_window(sentences, predictor.vocab, c.n_states, c.n_tokens)
     settings = {flag: replace(GenerationConfig(), explanations=flag) for flag in (False, True)}
-    times: dict[bool, list[float]] = {False: [], True: []}
+    order = random.Random(0)
+    pairs = []
     with torch.no_grad():
         for k in range(repeats + 1):
-            for flag, generation in settings.items():
+            seconds = {}
+            for flag in order.sample([False, True], 2):
                 start = time.process_time()
-                predict(predictor, readout, window, len(sentences), steps, generation, "cpu")
-                if k:  # the first round warms caches up
-                    times[flag].append(time.process_time() - start)
-    off, on = statistics.median(times[False]), statistics.median(times[True])
+                predict(predictor, readout, window, len(sentences), steps, settings[flag], "cpu")
+                seconds[flag] = time.process_time() - start
+            if k:  # the first pair warms caches up
+                pairs.append((seconds[False], seconds[True]))
+    off, on = zip(*pairs)
     return {
         "readout": readout.name,
-        "off_s": off,
-        "on_s": on,
-        "overhead": on / off - 1,
-        "min_off_s": min(times[False]),
-        "min_on_s": min(times[True]),
+        "off_s": statistics.median(off),
+        "on_s": statistics.median(on),
+        "overhead": statistics.median(b / a for a, b in pairs) - 1,
+        "min_off_s": min(off),
+        "min_on_s": min(on),
     }
 
 
@@ -81,9 +87,9 @@ def markdown(results: dict) -> str:
         f"Command: `{results['command']}` ({results['threads']} torch thread(s), CPU).",
         "",
         f"Median CPU time of the rollout's predict stage (`pipeline.rollout.predict`, {results['steps']} steps, "
-        f"{results['repeats']} alternating runs each) without and with the explanations of `pipeline.explain`.",
+        f"{results['repeats']} pairs of runs) without and with the explanations of `world_model.generation.explain`.",
         "",
-        "| predictor, readout | without (ms) | with (ms) | overhead | least without / with (ms) |",
+        "| predictor, readout | without (ms) | with (ms) | overhead (median of pairs) | least without / with (ms) |",
         "|---|---:|---:|---:|---:|",
     ]
     lines += [
