@@ -239,3 +239,39 @@ def test_without_explain_the_output_is_unchanged_and_explanations_can_be_off(par
     )
     record = json.loads((tmp_path / "b" / "rollout.json").read_text())
     assert record["predictions"][0]["explanations"] is None
+
+
+def test_a_window_shorter_than_T_grows_and_each_step_explains_its_own_window(vocab):
+    model = tiny_model(vocab)
+    known = vocab.encode_batch(WORDS, N)
+    short = vocab.encode_batch(WORDS[:2], N)[None]  # (1, 2, N): two states, T = 4
+    seen = []
+    states = model.rollout(short, 3, candidates=known, explanations=seen)[0]
+    assert [step.slice_mass.shape[1] for step in seen] == [2, 3, 4]
+    for s, step in enumerate(seen):
+        window = torch.cat([short[0], states[:s]])[None]
+        with torch.no_grad():
+            log_probs = model.readout_logits(model.last_slice_logits(window)).log_softmax(-1)
+        probs = slot_log_likelihood(log_probs, known, PAD_ID).softmax(-1)[0]
+        torch.testing.assert_close(step.probability[0], probs[row_of(known, states[s])])
+        torch.testing.assert_close(step.slice_mass.sum(1), torch.ones(1))
+
+
+def test_demo_cells_mark_copied_words_and_escape_model_text():
+    from apps.demo.explain_view import attention_cell, sentence_cell
+
+    copy = [
+        {"slot": 0, "word": "the", "gate": 0.1, "pointer_mass": 0.2, "share": 0.05},
+        {"slot": 1, "word": "ball", "gate": 0.8, "pointer_mass": 0.9, "share": 0.93},
+    ]
+    cell = sentence_cell("the ball", {"copy": copy})
+    assert cell.count("<mark") == 1 and '<mark class="copied" title="pointer 0.90, gate 0.80">ball</mark>' in cell
+    assert sentence_cell("a <b>|c*", None) == "a &lt;b&gt;&#124;c&#42;"
+    step = {
+        "attention": [
+            {"source": "observed", "index": 0, "text": "x", "mass": 0.25},
+            {"source": "empty", "index": None, "text": "", "mass": 0.75},
+        ]
+    }
+    bars = attention_cell(step, [{"timestamp_s": 2.0}])
+    assert bars.count("<meter") == 2 and "t=2.0s" in bars and 'value="0.7500"' in bars
