@@ -37,8 +37,9 @@ from pipeline.config import FrameSampling, ModelChoice, OutputConfig, Plan, make
 from pipeline.presets import available_presets
 from pipeline.run_folder import run_folder
 from pipeline.run_outputs import rollout_record, window_warnings, write_json, write_outputs
+from world_model.generation.explain import describe_slice, explain_lines, probability_text, step_records
 from world_model.models.generation_config import GenerationConfig
-from world_model.text.windows import caption_window, decode_states
+from world_model.text.windows import CaptionWindow, caption_window, decode_states
 from world_model.utils.cli import check_device, run_command
 from world_model.utils.files import replace_dir
 from world_model.utils.timing import timed
@@ -151,7 +152,7 @@ def run_in(
         report(0.5, "predicting")
         c = predictor.model.config
         window = caption_window(captions, predictor.vocab, c.n_states, c.n_tokens)
-        predictions = predict(predictor, readout, window.token_ids.to(plan.device), steps, generation)
+        predictions = predict(predictor, readout, window, len(captions), steps, generation, plan.device)
     with timed(timings, "render"):
         init = images[-1] if output.init_from_last_frame else None
         rendered = render_states(ren, [q["sentences"] for q in predictions], generation.seed, init, report)
@@ -185,11 +186,22 @@ def caption(cap, images: list[np.ndarray]) -> tuple[list[str], list]:
     return cap(images), [None] * len(images)
 
 
-def predict(predictor, readout, window, steps: int, generation: GenerationConfig) -> list[dict]:
-    """`generation.futures` rollouts of `steps` states from the (1, T, N) window: [{"sentences", "token_ids"}]."""
+def predict(
+    predictor, readout, window: CaptionWindow, captions: int, steps: int, generation: GenerationConfig, device: str
+) -> list[dict]:
+    """`generation.futures` rollouts of `steps` states from the window of `captions` captions: [{"sentences",
+    "token_ids", "explanations"}], the last a list of per-step records (`world_model.generation.explain`) when
+    `generation.explanations` and the model can explain, else None."""
+    seen = [] if generation.explanations else None
+    vocab = predictor.vocab
+    futures = readout.futures(predictor.model, vocab, window.token_ids.to(device), steps, generation, seen)
     return [
-        {"sentences": decode_states(ids, predictor.vocab), "token_ids": ids.tolist()}
-        for ids in readout.futures(predictor.model, predictor.vocab, window, steps, generation)
+        {
+            "sentences": decode_states(ids, vocab),
+            "token_ids": ids.tolist(),
+            "explanations": step_records(steps_seen, ids, window.states, captions, vocab) if steps_seen else None,
+        }
+        for ids, steps_seen in zip(futures, seen or [None] * len(futures))
     ]
 
 
@@ -225,9 +237,15 @@ def unknown_warning(verdict: dict, groundings: list, captioner: str) -> str:
     )
 
 
-def summary(result: RolloutResult) -> str:
+def summary(result: RolloutResult, explain: bool = False) -> str:
+    """What the command prints; with `explain`, each predicted step's probability and its
+    `world_model.generation.explain.explain_lines`."""
     r = result.record
     lines = [f"preset: {r['preset']} ({r['preset_reason']})"]
+
+    def caption_time(index: int) -> str:
+        return f"caption at t={r['observed'][index]['timestamp_s']:.1f}s"
+
     lines += [
         f"  t={o['timestamp_s']:>6.1f}s  {o['caption']}"
         + ("  [outside the captioner's world]" if (o["grounding"] or {}).get("grounded") is False else "")
@@ -235,7 +253,13 @@ def summary(result: RolloutResult) -> str:
     ]
     for k, p in enumerate(r["predictions"]):
         lines.append(f"predicted{'' if len(r['predictions']) == 1 else f' (sample {k + 1})'}:")
-        lines += [f"  step {s + 1}: {text}" for s, text in enumerate(p["sentences"])]
+        for s, text in enumerate(p["sentences"]):
+            step = (p.get("explanations") or [None] * len(p["sentences"]))[s]
+            if explain and step:
+                lines.append(f"  step {s + 1}: {text}  (p={probability_text(step['probability'])})")
+                lines += explain_lines(step, lambda source: describe_slice(source, caption_time))
+            else:
+                lines.append(f"  step {s + 1}: {text}")
     lines.append(f"out-of-vocabulary rate: {r['oov']['rate']:.1%}")
     lines += [f"warning: {w}" for w in r["warnings"]]
     lines.append("timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in r["timings_s"].items()))
@@ -281,6 +305,12 @@ def parse_args(
         help="libraries' loading bars and warnings on stderr; an error shows its traceback",
     )
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error (as --verbose does)")
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="print under each predicted step its probability, the likeliest alternatives and the caption it drew on "
+        "most (rollout.json holds them either way)",
+    )
     models, frames, generation, output, rest = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
     return rest, models, frames, generation, output
 
@@ -297,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         quiet_libraries()
 
     def work() -> None:
-        print(summary(run_rollout(args.video, args.steps, models, frames, generation, output)))
+        print(summary(run_rollout(args.video, args.steps, models, frames, generation, output), args.explain))
 
     return run_command(work, verbose=args.verbose or args.debug, on_interrupt="nothing was written")
 

@@ -6,6 +6,7 @@ Screenshots go to $DEMO_SCREENSHOTS when set, else to a pytest temporary folder.
 """
 
 import io
+import json
 import os
 import re
 import shutil
@@ -439,3 +440,34 @@ def test_two_people_at_once_get_their_own_results(server, browser, clip):
     for page, steps in zip(pages, (1, 2)):
         check_results(page, steps)
         page.context.close()
+
+
+def test_predicted_table_shows_probabilities_alternatives_and_attention(server, browser, clip, shots, models):
+    url, _ = server
+    n_states = json.loads((Path(models["predictor"]) / "config.json").read_text())["n_states"]
+    page = open_page(browser, url)
+    upload(page, clip)
+    set_steps(page, 2)
+    page.locator("#run").click()
+    wait_done(page)
+    rows = page.locator("#predicted table").last.locator("tbody tr")
+    assert rows.count() == 2
+    for k in range(2):
+        row = rows.nth(k)
+        chosen = float(row.locator("span.p-chosen").inner_text())
+        row.locator("details summary").click()  # the alternatives are collapsed until asked for
+        alternatives = row.locator("span.p-alt")
+        alternatives.first.wait_for(state="visible")
+        listed = [chosen] + [float(alternatives.nth(i).inner_text()) for i in range(alternatives.count())]
+        assert len(listed) >= 3, "the chosen sentence and at least two alternatives"
+        assert all(0 <= p <= 1 for p in listed) and sum(listed) <= 1 + 1e-3, listed
+        bars = row.locator("meter.attention")
+        assert bars.count() == n_states, "one bar per slice of the predictor's window"
+        masses = [float(bars.nth(i).get_attribute("value")) for i in range(bars.count())]
+        assert abs(sum(masses) - 1) < 2e-3 and all(0 <= m <= 1 for m in masses)
+        labels = row.locator("td").last.inner_text()
+        assert all(f"t={t}.0s" in labels for t in range(3)), "each observed caption has its bar"
+    assert "step 1" in rows.nth(1).locator("td").last.inner_text(), "step 2 read the first predicted step"
+    page.locator("#predicted").scroll_into_view_if_needed()
+    page.screenshot(path=shots / "explanations.png", full_page=True)
+    page.context.close()

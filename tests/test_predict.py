@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 from world_model.generation.predict import main, predict
@@ -76,3 +77,22 @@ def test_a_sentence_longer_than_the_slots_is_truncated_with_a_warning(tmp_path, 
     err = capsys.readouterr().err
     assert err == "warning: sentence 2 has 2101 tokens; the predictor reads only its first 16\n"
     assert predict(["Tom was hungry."], ckpt)["warnings"] == []
+
+
+def test_explain_prints_probabilities_alternatives_and_the_sentence_drawn_on(tmp_path, capsys):
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")
+    write_known_sentences(ckpt, ["he ate a sandwich !", "tom was hungry .", "he went to the kitchen ."])
+    sentences = ["Tom was hungry.", "He went to the kitchen.", "He ate a sandwich!", "Tom was hungry.", "Tom ate."]
+    assert main(["--checkpoint", str(ckpt), "--steps", "2", "--explain", *sentences]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("  (p=") == 2 and printed.count("      or ") == 4, "two alternatives per step"
+    assert printed.count("drew on most: ") == 2
+    result = predict(sentences, ckpt, 2)
+    first = result["explanations"][0][0]
+    assert [s["index"] for s in first["attention"]] == [1, 2, 3, 4], "the last four of five observed sentences"
+    named = first["drew_on"]
+    assert f'drew on most: observed sentence {named["index"] + 1} "{named["text"]}"' in printed
+    probabilities = [first["probability"]] + [a["probability"] for a in first["alternatives"]]
+    assert probabilities[1] >= probabilities[2] and sum(probabilities) == pytest.approx(1, abs=1e-3), "all 3 listed"
+    quiet = predict(sentences, ckpt, 2, GenerationConfig(explanations=False))
+    assert quiet["explanations"] == [None] and quiet["predictions"] == result["predictions"]

@@ -12,6 +12,7 @@ from typing import Callable
 
 from apps.demo.checks import EMPTY_MESSAGE, check_clip, check_seed, check_steps, fail, md_escape, readable
 from apps.demo.config import COMPONENTS, CUSTOM, RUN_MAX_AGE_S, DemoConfig
+from apps.demo.explain_view import HEADER, LEGEND, predicted_rows
 from encoders.frames import VideoError
 from pipeline.config import FrameSampling, ModelChoice
 from pipeline.presets import PresetError
@@ -165,9 +166,8 @@ def outputs(
     for k, p in enumerate(predictions):
         if several:
             lines.append(f"**Sample {k + 1}**")
-        lines += ["", "| step | predicted sentence |", "|---:|---|"]
-        lines += [f"| {s + 1} | {md_escape(sentence) or '*(empty)*'} |" for s, sentence in enumerate(p["sentences"])]
-        lines.append("")
+        lines += ["", *HEADER, *predicted_rows(p, record["observed"]), ""]
+    lines += [LEGEND, ""]
     took = (
         f"{waited + seconds:.1f} s ({waited:.1f} s waiting in the queue, {seconds:.1f} s running)"
         if waited >= 0.5

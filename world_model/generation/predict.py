@@ -25,6 +25,7 @@ from pathlib import Path
 
 from transformers import HfArgumentParser
 
+from world_model.generation.explain import describe_slice, explain_lines, probability_text, step_records
 from world_model.generation.sentence_bank import resolve_readout
 from world_model.models.generation_config import GenerationConfig
 from world_model.models.registry import load_predictor
@@ -46,7 +47,9 @@ def predict(
     """The predicted next `steps` sentences for each sample, with the window and its unknown words; `generation`
     (default greedy) as in `world_model.models.generation_config`, its readout as in
     `world_model.generation.sentence_bank.resolve_readout`. Raises ValueError for an empty sentence or `steps` /
-    samples outside 1..MAX_STEPS / 1..MAX_SAMPLES; `warnings` names sentences cut to the slot count."""
+    samples outside 1..MAX_STEPS / 1..MAX_SAMPLES; `warnings` names sentences cut to the slot count. With
+    `generation.explanations` (the default), `explanations` holds per future the per-step records of
+    `world_model.generation.explain` (None for a model that cannot explain)."""
     generation = generation or GenerationConfig()
     check_request(sentences, steps, generation.samples)
     model, vocab, known = load_predictor(checkpoint)
@@ -58,13 +61,18 @@ def predict(
         for i, n in enumerate((len(tokenize(s)) for s in sentences), 1)
         if n > c.n_tokens
     ]
-    futures = [decode_states(ids, vocab) for ids in chosen.futures(model, vocab, window.token_ids, steps, generation)]
+    seen = [] if generation.explanations else None
+    futures = chosen.futures(model, vocab, window.token_ids, steps, generation, seen)
     return {
         "checkpoint": str(checkpoint),
         "readout": chosen.kind,
         "window": window.states,
         "unknown_words": window.unknown_words,
-        "predictions": futures,
+        "predictions": [decode_states(ids, vocab) for ids in futures],
+        "explanations": [
+            step_records(steps_seen, ids, window.states, len(sentences), vocab) if steps_seen else None
+            for ids, steps_seen in zip(futures, seen or [None] * len(futures))
+        ],
         "warnings": warnings,
     }
 
@@ -96,18 +104,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=1, help=f"sentences to predict (default 1, at most {MAX_STEPS})")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     add_verbose(parser)
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="print under each predicted sentence its probability, the likeliest alternatives and the observed "
+        "sentence it drew on most (the JSON holds them either way)",
+    )
     try:
         generation, args = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return run_command(
-        lambda: print_prediction(predict(args.sentences, args.checkpoint, args.steps, generation), args.json),
+        lambda: print_prediction(
+            predict(args.sentences, args.checkpoint, args.steps, generation), args.json, args.explain
+        ),
         verbose=args.verbose,
     )
 
 
-def print_prediction(result: dict, as_json: bool) -> None:
+def print_prediction(result: dict, as_json: bool, explain: bool = False) -> None:
     """The command's output: warnings on stderr, then the result as JSON or as lines of text."""
     for warning in result["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)
@@ -118,9 +134,15 @@ def print_prediction(result: dict, as_json: bool) -> None:
         print(f"  observed: {state or '(empty)'}")
     if result["unknown_words"]:
         print(f"  not in the vocabulary: {', '.join(result['unknown_words'])}")
-    for k, future in enumerate(result["predictions"]):
+    for k, (future, explained) in enumerate(zip(result["predictions"], result["explanations"])):
         for step, sentence in enumerate(future, 1):
-            print(f"{'predicted' if len(result['predictions']) == 1 else f'sample {k + 1}'} +{step}: {sentence}")
+            label = "predicted" if len(result["predictions"]) == 1 else f"sample {k + 1}"
+            if explain and explained:
+                record = explained[step - 1]
+                print(f"{label} +{step}: {sentence}  (p={probability_text(record['probability'])})")
+                print("\n".join(explain_lines(record, describe_slice)))
+            else:
+                print(f"{label} +{step}: {sentence}")
 
 
 if __name__ == "__main__":

@@ -38,7 +38,9 @@ from typing import Sequence
 import torch
 
 from world_model.models.checkpoint import resolve_folder
-from world_model.models.decoding import KNOWN_SENTENCES_NAME, choose_candidates
+from world_model.models.decoding import KNOWN_SENTENCES_NAME, choose_candidates, load_confidence_temperature
+from world_model.models.explanations import ALTERNATIVES, LastSliceProbe, StepExplanation, closed_set_choice
+from world_model.models.four_tensor import FourTensorModel
 from world_model.models.generation_config import READOUT_CHOICES, GenerationConfig
 from world_model.models.precision import autocast
 from world_model.text.vocab import PAD_ID, UNK_ID, UnknownWordError, Vocabulary, tokenize
@@ -279,6 +281,8 @@ def bank_rollout(
     names: bool = True,
     guard: bool = True,
     length_power: float = LENGTH_POWER,
+    explanations: list[StepExplanation] | None = None,
+    alternatives: int = ALTERNATIVES,
 ) -> torch.Tensor:
     """Predict `steps` states of each window (B, T, N) -> (B, steps, N), each a bank sentence.
 
@@ -288,6 +292,8 @@ def bank_rollout(
     softmax(score / temperature) within the top_k (default `SAMPLE_TOP_K`), and slides the window as
     `model.rollout` does. The bank
     stays on the CPU; the model runs where its weights are, and the states come back on the window's device.
+    Given a list, `explanations` receives each step's `StepExplanation` (on the CPU): probabilities are the softmax of
+    the length-normalised scores over the bank (guarded sentences 0), with `alternatives` runner-ups.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
@@ -297,8 +303,9 @@ def bank_rollout(
     length = (bank.candidates != PAD_ID).sum(dim=1).float() ** length_power  # (C,)
     predicted = []
     for _ in range(steps):
-        log_probs = slot_log_probs(model, window.to(device))
-        states = []
+        with LastSliceProbe(model, active=explanations is not None) as probe:
+            log_probs = slot_log_probs(model, window.to(device))
+        states, choices = [], []
         for b in range(len(window)):
             edits = bank.name_edits(bank.context_names(window[b]) if names else [])
             scores = bank_scores(
@@ -311,10 +318,23 @@ def bank_rollout(
                     scores = scores.masked_fill(seen, float("-inf"))
             row = choose_candidates(scores[None], index, temperature, top_k, generator)[0]  # (1,)
             states.append(bank.substitute_edits(edits, row)[0])
+            if explanations is not None:
+                p, rows, p_rows = closed_set_choice(scores[None], row, alternatives)
+                choices.append((p, bank.substitute_edits(edits, rows[0])[None], p_rows))
         state = torch.stack(states)  # (B, N)
+        if explanations is not None:
+            p, alts, p_alts = (torch.cat(parts) for parts in zip(*choices))
+            seen = {} if log_probs is None else probe.attribution(state.to(device), log_probs, PAD_ID)
+            seen = {k: None if v is None else v.cpu() for k, v in seen.items()}
+            explanations.append(StepExplanation(p, alts, p_alts, **seen))
         predicted.append(state)
         window = torch.cat([window, state[:, None]], dim=1)[:, -n_states:]
     return torch.stack(predicted, dim=1).to(device)
+
+
+def can_explain(model) -> bool:
+    """Whether `model`'s rollouts record `StepExplanation`s (the 4-tensor predictor's do; the flat baseline's not)."""
+    return isinstance(model, FourTensorModel)
 
 
 @dataclass
@@ -325,36 +345,64 @@ class Readout:
     kind: str
     known: torch.Tensor | None = None  # (C, N) for "sentences"
     bank: SentenceBank | None = None  # for "bank"
+    confidence_temperature: float = 1.0  # for "sentences": explanations report softmax(score / this)
 
     @property
     def name(self) -> str:
         """For records and tables."""
         if self.kind == "tokens":
             return "tokens"
-        count = len(self.known) if self.kind == "sentences" else len(self.bank.candidates)
-        return f"sentences ({count} known)" if self.kind == "sentences" else f"bank ({count} sentences)"
+        if self.kind == "bank":
+            return f"bank ({len(self.bank.candidates)} sentences)"
+        calibrated = (
+            "" if self.confidence_temperature == 1 else f", confidence temperature {self.confidence_temperature:g}"
+        )
+        return f"sentences ({len(self.known)} known{calibrated})"
 
     def rollout(
-        self, model, window: torch.Tensor, steps: int, generation: GenerationConfig, generator: torch.Generator | None
+        self,
+        model,
+        window: torch.Tensor,
+        steps: int,
+        generation: GenerationConfig,
+        generator: torch.Generator | None,
+        explanations: list[StepExplanation] | None = None,
     ) -> torch.Tensor:
         """Predicted states (B, steps, N) of windows (B, T, N); `generation.end_ids` end a sentence of the tokens
-        readout, its temperature and top_k apply to every readout."""
+        readout, its temperature and top_k apply to every readout. Given a list (and a model that `can_explain`),
+        `explanations` receives each step's `world_model.models.explanations.StepExplanation`."""
+        explain = (
+            {} if explanations is None else {"explanations": explanations, "alternatives": generation.alternatives}
+        )
+        generation = replace(generation, confidence_temperature=self.confidence_temperature)
         if self.kind == "bank":
-            return bank_rollout(model, window, steps, self.bank, generation.temperature, generation.top_k, generator)
-        return model.rollout(window, steps, generation, generator, candidates=self.known)
+            return bank_rollout(
+                model, window, steps, self.bank, generation.temperature, generation.top_k, generator, **explain
+            )
+        return model.rollout(window, steps, generation, generator, candidates=self.known, **explain)
 
     def futures(
-        self, model, vocab: Vocabulary, window: torch.Tensor, steps: int, generation: GenerationConfig
+        self,
+        model,
+        vocab: Vocabulary,
+        window: torch.Tensor,
+        steps: int,
+        generation: GenerationConfig,
+        explanations: list[list[StepExplanation]] | None = None,
     ) -> list[torch.Tensor]:
         """`generation.futures` rollouts of `steps` states from one window (1, T, N), drawn in turn from one generator
         seeded with `generation.seed`, under its precision, a sentence ending at the vocabulary's end tokens; each a
-        (steps, N) tensor of ids on the CPU."""
+        (steps, N) tensor of ids on the CPU. Given a list, `explanations` receives one list of `steps`
+        StepExplanations per future (for a model that `can_explain`)."""
         generation = replace(generation, end_ids=vocab.end_ids)
         generator = generation.generator()
         futures = []
         for _ in range(generation.futures):
+            steps_seen = [] if explanations is not None and can_explain(model) else None
             with autocast(generation.precision, window.device):
-                futures.append(self.rollout(model, window, steps, generation, generator)[0].cpu())
+                futures.append(self.rollout(model, window, steps, generation, generator, steps_seen)[0].cpu())
+            if explanations is not None:
+                explanations.append(steps_seen)
         return futures
 
 
@@ -373,7 +421,9 @@ def resolve_readout(
                 f"readout 'sentences' needs {KNOWN_SENTENCES_NAME} in the predictor folder {folder}, "
                 "which has none; use readout 'tokens'"
             )
-        return Readout("sentences", known=known)
+        return Readout(
+            "sentences", known=known, confidence_temperature=load_confidence_temperature(resolve_folder(folder))
+        )
     bank = load_bank(resolve_folder(folder), vocab, n_tokens)
     if bank is None and readout == "bank":
         raise ValueError(

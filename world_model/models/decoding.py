@@ -13,6 +13,8 @@ synthetic-world data) offers it; the pipeline then uses the closed-set readout u
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from pathlib import Path
 from typing import Iterable
@@ -23,6 +25,7 @@ from world_model.models.generation_config import sample_ids
 from world_model.text.vocab import UnknownWordError, Vocabulary, tokenize
 
 KNOWN_SENTENCES_NAME = "known_sentences.txt"  # in a predictor folder: one known sentence per line
+CALIBRATION_NAME = "calibration.json"  # in a predictor folder: {"temperature": tau, ...} of its known-sentence readout
 READOUTS = ("auto", "sentences", "tokens")  # how a predictor reads its next sentence off (`readout_candidates`)
 
 
@@ -103,6 +106,22 @@ def load_known_sentences(folder: str | os.PathLike, vocab: Vocabulary, n_tokens:
                 f"{path}, line {number}: {len(tokenize(sentence))} tokens, more than the model's {n_tokens} slots"
             )
     return torch.tensor(rows, dtype=torch.long).unique(dim=0)
+
+
+def load_confidence_temperature(folder: str | os.PathLike) -> float:
+    """The temperature tau that calibrates a folder's known-sentence probabilities softmax(score / tau)
+    (`world_model.evaluation.calibration --save`), from FOLDER/calibration.json; 1.0 when the folder has none.
+    ValueError naming the file when it holds no positive "temperature"."""
+    path = Path(folder) / CALIBRATION_NAME
+    if not path.is_file():
+        return 1.0
+    try:
+        temperature = float(json.loads(path.read_text(encoding="utf-8"))["temperature"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path} must be JSON with a number 'temperature': {err}") from err
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"{path}: 'temperature' must be a positive number, got {temperature}")
+    return temperature
 
 
 def readout_name(candidates: torch.Tensor | None) -> str:

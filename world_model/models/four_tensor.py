@@ -14,6 +14,7 @@ Layout: `four_tensor_config` (FourTensorConfig), `four_tensor_layers` (input con
 
 from __future__ import annotations
 
+from itertools import groupby
 from typing import NamedTuple
 
 import torch
@@ -22,6 +23,13 @@ from torch import nn
 from world_model.models.checkpoint import PretrainedMixin
 from world_model.models.copy_path import CopyPath
 from world_model.models.decoding import check_candidates, choose_candidates, slot_log_likelihood
+from world_model.models.explanations import (
+    ALTERNATIVES,
+    LastSliceProbe,
+    StepExplanation,
+    closed_set_choice,
+    token_choice,
+)
 from world_model.models.four_tensor_config import FourTensorConfig
 from world_model.models.four_tensor_layers import FourTensorLayer, InputConstruction
 from world_model.models.generation_config import GREEDY, GenerationConfig, after_first, sample_ids
@@ -247,11 +255,7 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         is sampled from softmax(score / temperature) (top_k then counts candidates). end_ids is not used.
         """
         c = self.config
-        logits = logits.float().clone()
-        excluded = [c.padding_idx, *generation.banned_ids]
-        if c.unknown_idx is not None:
-            excluded.append(c.unknown_idx)
-        logits[..., excluded] = float("-inf")
+        logits = self.readout_logits(logits, generation)
         if candidates is not None:
             check_candidates(candidates, c.n_tokens, c.padding_idx, c.vocab_size)
             candidates = candidates.to(logits.device).long()
@@ -263,6 +267,41 @@ class FourTensorModel(PretrainedMixin, nn.Module):
             ids = ids.masked_fill(after_first(is_end), c.padding_idx)
         return ids
 
+    def readout_logits(self, logits: torch.Tensor, generation: GenerationConfig = GREEDY) -> torch.Tensor:
+        """The logits (B, N, V) as `decode_state` reads them: fp32, -inf at padding, the unknown word and
+        `generation.banned_ids`."""
+        c = self.config
+        logits = logits.float().clone()
+        excluded = [c.padding_idx, *generation.banned_ids]
+        if c.unknown_idx is not None:
+            excluded.append(c.unknown_idx)
+        logits[..., excluded] = float("-inf")
+        return logits
+
+    def explain_state(
+        self,
+        logits: torch.Tensor,
+        state: torch.Tensor,
+        probe: LastSliceProbe,
+        generation: GenerationConfig = GREEDY,
+        candidates: torch.Tensor | None = None,
+        alternatives: int = ALTERNATIVES,
+    ) -> StepExplanation:
+        """Why `decode_state` chose the states (B, N) off these logits (B, N, V), and how sure it was: the
+        `world_model.models.explanations` record, with the attention and copy path of `probe`, which watched the
+        forward pass that gave the logits."""
+        c = self.config
+        log_probs = self.readout_logits(logits, generation).log_softmax(dim=-1)
+        if candidates is None:
+            choice = token_choice(log_probs, state, c.padding_idx, generation.end_ids, alternatives)
+        else:
+            candidates = candidates.to(state.device).long()
+            scores = slot_log_likelihood(log_probs, candidates, c.padding_idx)  # (B, C)
+            chosen = (candidates[None] == state[:, None]).all(dim=-1).float().argmax(dim=1)  # (B,)
+            p, rows, p_rows = closed_set_choice(scores / generation.confidence_temperature, chosen, alternatives)
+            choice = (p, candidates[rows], p_rows)
+        return StepExplanation(*choice, **probe.attribution(state, log_probs, c.padding_idx))
+
     @torch.no_grad()
     def rollout(
         self,
@@ -271,25 +310,56 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         generation: GenerationConfig = GREEDY,
         generator: torch.Generator | None = None,
         candidates: torch.Tensor | None = None,
+        explanations: list[StepExplanation] | None = None,
+        alternatives: int = ALTERNATIVES,
     ) -> torch.Tensor:
         """Predict `steps` future sentences from a window (B, T, N) -> (B, steps, N).
 
         Each step reads the next sentence off the last slice, appends the prediction, drops the oldest
         sentence once the window holds T, and writes the new window again onto positions 0..T-1 (the temporal
         embedding is recomputed from those positions, section 2.3). Decoding follows `decode_state` (with
-        `candidates`, every predicted sentence is one of them).
+        `candidates`, every predicted sentence is one of them). Given a list, `explanations` receives each step's
+        `explain_state` (with `alternatives` runner-ups), read off the same forward pass.
         """
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
         self.check_token_ids(token_ids)
         window = token_ids.long()
-        predicted = []
+        predicted, seen = [], []
         for _ in range(steps):
-            logits = self.last_slice_logits(window)  # (B, N, V)
+            with LastSliceProbe(self, active=explanations is not None) as probe:
+                logits = self.last_slice_logits(window)  # (B, N, V)
             state = self.decode_state(logits, generation, generator, candidates)
+            seen.append((logits, state, probe))
             predicted.append(state)
             window = torch.cat([window, state[:, None]], dim=1)[:, -self.config.n_states :]
+        if explanations is not None:
+            explanations += self.explain_steps(seen, generation, candidates, alternatives)
         return torch.stack(predicted, dim=1)
+
+    def explain_steps(
+        self,
+        seen: list[tuple[torch.Tensor, torch.Tensor, LastSliceProbe]],
+        generation: GenerationConfig = GREEDY,
+        candidates: torch.Tensor | None = None,
+        alternatives: int = ALTERNATIVES,
+    ) -> list[StepExplanation]:
+        """`explain_state` of each rollout step (its logits (B, N, V), states (B, N) and probe), computed once for
+        each run of steps whose windows have one length (stacked along the batch axis), so that explaining costs
+        a few operations per rollout rather than per step."""
+        explained = []
+        for _, group in groupby(seen, key=lambda step: step[2].window_length):
+            logits, states, probes = zip(*group)
+            stacked = self.explain_state(
+                torch.cat(logits),
+                torch.cat(states),
+                LastSliceProbe.stacked(probes),
+                generation,
+                candidates,
+                alternatives,
+            )
+            explained += stacked.split(len(probes))
+        return explained
 
 
 def tucker_from_dense(dense_model: FourTensorModel, shared_factors: bool = False) -> FourTensorModel:

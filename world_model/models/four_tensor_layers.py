@@ -143,6 +143,9 @@ class FourTensorAttention(nn.Module):
             bound = math.sqrt(3.0 * c.d / (r_m * r_p * r_n * r_q))  # uniform(-a, a) has variance a^2 / 3
             self.core = nn.Parameter(torch.empty(3, c.n_heads, r_m, r_p, r_n, r_q).uniform_(-bound, bound))
         self.scale = 1.0 / math.sqrt(c.d)
+        # a list: forward appends (q.k (B, H, N, N*T), pad_mask (B, N, T)), the attention logits (before `scale`) of
+        # the last slice's queries, the slots that read out the next sentence (world_model.models.explanations)
+        self.last_slice_probe: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def qkv(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """X (B, N*T, d) -> Q, K, V each (B, H, N*T, d)."""
@@ -209,6 +212,9 @@ class FourTensorAttention(nn.Module):
         """X (B, N, T, d) normalised stream, pad_mask (B, N, T) True at padding -> (B, N, T, d)."""
         B, N, T, d = X.shape
         q, k, v = self.qkv(X.reshape(B, N * T, d))
+        if self.last_slice_probe is not None:
+            last = q[:, :, T - 1 :: T]  # (B, H, N, d): flat positions x * T + t with t = T - 1
+            self.last_slice_probe.append((last @ k.mT, pad_mask))
         if self.causal and self.fused:
             # Every query keeps at least one open key (temporal_causal_bias), so the fused kernel is exact.
             y = F.scaled_dot_product_attention(

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from world_model.models.explanations import ALTERNATIVES
 from world_model.models.precision import PRECISIONS, check_precision
 
 READOUT_CHOICES = ("auto", "sentences", "bank", "tokens")  # `readout`; "bank" is `world_model.generation.sentence_bank`
@@ -39,6 +40,8 @@ class GenerationConfig:
     top_k: int | None = field(default=None, metadata={"help": "sample only among the k likeliest words or sentences"})
     end_ids: tuple[int, ...] = field(default=(), metadata=HIDDEN)  # a sentence ends after the first of these tokens
     banned_ids: tuple[int, ...] = field(default=(), metadata=HIDDEN)  # never chosen (beyond each model's exclusions)
+    # explanations report the known-sentence probabilities as softmax(score / this) (the folder's calibration.json)
+    confidence_temperature: float = field(default=1.0, metadata=HIDDEN)
     samples: int = field(default=1, metadata={"help": "alternative futures (needs --temperature > 0)"})
     seed: int = field(default=0, metadata={"help": "seed for sampling (and for rendering, in the video rollout)"})
     readout: str = field(
@@ -54,6 +57,14 @@ class GenerationConfig:
         default="fp32",
         metadata={"choices": PRECISIONS, "help": "the predictor's arithmetic: fp32 (default) or bf16 autocast"},
     )
+    explanations: bool = field(
+        default=True,
+        metadata={
+            "help": "record each predicted state's probability, its likeliest alternatives and where the attention "
+            "went (default on; world_model.models.explanations)"
+        },
+    )
+    alternatives: int = field(default=ALTERNATIVES, metadata={"help": "alternatives recorded per predicted state"})
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -67,6 +78,10 @@ class GenerationConfig:
         if self.readout not in READOUT_CHOICES:
             raise ValueError(f"--readout must be one of {', '.join(READOUT_CHOICES)}, got {self.readout!r}")
         check_precision(self.precision)
+        if not (math.isfinite(self.confidence_temperature) and self.confidence_temperature > 0):
+            raise ValueError(f"confidence_temperature must be positive, got {self.confidence_temperature}")
+        if self.alternatives < 0:
+            raise ValueError(f"--alternatives must be 0 or more, got {self.alternatives}")
         object.__setattr__(self, "end_ids", tuple(int(i) for i in self.end_ids))  # lists and vocab tuples alike
         object.__setattr__(self, "banned_ids", tuple(int(i) for i in self.banned_ids))
 

@@ -1,0 +1,133 @@
+"""What the explanations cost: the rollout's predict stage with and without them, on CPU.
+
+    python -m pipeline.explain_bench [--steps 5] [--repeats 30] [--out results/explanations]
+
+Times `pipeline.rollout.predict` (the predict stage of `run_rollout`: the readout's rollout and the records it
+returns) on fixed observed sentences, for each predictor and readout the pipeline ships: the offline pack's
+predictor with its known sentences and per slot, and the ROCStories predictor with its sentence bank. Runs with
+explanations on and off come in pairs, back to back in a random order (so that load on a shared machine falls on
+both alike); the median time of `repeats` runs each is reported, and the overhead is the median over pairs of
+on / off - 1. Times are the process's CPU time
+(`time.process_time`), which the other processes of a shared machine do not inflate as they do wall time; run it
+with one thread (OMP_NUM_THREADS=1). Writes overhead.json and overhead.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shlex
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from pipeline.components import load_predictor, load_readout
+from pipeline.presets import PROJECT_ROOT
+from pipeline.rollout import predict
+from world_model.models.generation_config import GenerationConfig
+from world_model.text.windows import caption_window
+
+OFFLINE = PROJECT_ROOT / "offline_pack" / "predictor"
+ROCSTORIES = PROJECT_ROOT / "world_model" / "pretrained" / "rocstories-cpu"
+CASES = (  # (name, predictor folder, readout, observed sentences)
+    (
+        "offline pack, known sentences",
+        OFFLINE,
+        "sentences",
+        [
+            "the elevator opens its doors on floor one with a person inside.",
+            "the elevator closes its doors on floor one.",
+        ],
+    ),
+    ("offline pack, per-slot tokens", OFFLINE, "tokens", ["the large red ball falls toward the floor."]),
+    ("ROCStories, sentence bank", ROCSTORIES, "bank", ["Tom was hungry.", "He went to the kitchen."]),
+)
+
+
+def time_predict(folder: Path, readout_kind: str, sentences: list[str], steps: int, repeats: int) -> dict:
+    """CPU seconds of `predict` with explanations off and on: `repeats` pairs of runs, the two of a pair back to back
+    in a random order, after one warm-up pair. The overhead is the median over pairs of on / off - 1, so that load
+    that changes over the minutes of a run falls on both halves of a pair alike."""
+    predictor = load_predictor(str(folder), "cpu")
+    readout = load_readout(str(folder), "cpu", readout_kind)
+    c = predictor.model.config
+    window = caption_window(sentences, predictor.vocab, c.n_states, c.n_tokens)
+    settings = {flag: replace(GenerationConfig(), explanations=flag) for flag in (False, True)}
+    order = random.Random(0)
+    pairs = []
+    with torch.no_grad():
+        for k in range(repeats + 1):
+            seconds = {}
+            for flag in order.sample([False, True], 2):
+                start = time.process_time()
+                predict(predictor, readout, window, len(sentences), steps, settings[flag], "cpu")
+                seconds[flag] = time.process_time() - start
+            if k:  # the first pair warms caches up
+                pairs.append((seconds[False], seconds[True]))
+    off, on = zip(*pairs)
+    return {
+        "readout": readout.name,
+        "off_s": statistics.median(off),
+        "on_s": statistics.median(on),
+        "overhead": statistics.median(b / a for a, b in pairs) - 1,
+        "min_off_s": min(off),
+        "min_on_s": min(on),
+    }
+
+
+def markdown(results: dict) -> str:
+    lines = [
+        "# What the explanations cost",
+        "",
+        f"Command: `{results['command']}` ({results['threads']} torch thread(s), CPU).",
+        "",
+        f"Median CPU time of the rollout's predict stage (`pipeline.rollout.predict`, {results['steps']} steps, "
+        f"{results['repeats']} pairs of runs) without and with the explanations of `world_model.generation.explain`.",
+        "",
+        "| predictor, readout | without (ms) | with (ms) | overhead (median of pairs) | least without / with (ms) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {name} | {r['off_s'] * 1e3:.2f} | {r['on_s'] * 1e3:.2f} | {r['overhead']:+.1%} | "
+        f"{r['min_off_s'] * 1e3:.2f} / {r['min_on_s'] * 1e3:.2f} |"
+        for name, r in results["cases"].items()
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.explain_bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=5, help="predicted steps per rollout (default 5)")
+    parser.add_argument("--repeats", type=int, default=30, help="timed runs with and without (default 30)")
+    parser.add_argument("--out", type=Path, help="folder for overhead.json and overhead.md")
+    args = parser.parse_args(argv)
+    cases = {}
+    for name, folder, kind, sentences in CASES:
+        if not (folder / "config.json").is_file():
+            print(f"skipped {name}: {folder} is not in this installation", file=sys.stderr)
+            continue
+        cases[name] = time_predict(folder, kind, sentences, args.steps, args.repeats)
+    command = "python -m pipeline.explain_bench " + shlex.join(argv if argv is not None else sys.argv[1:])
+    results = {
+        "command": command,
+        "threads": torch.get_num_threads(),
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "cases": cases,
+    }
+    report = markdown(results)
+    print(report, end="")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "overhead.json").write_text(json.dumps(results, indent=2) + "\n")
+        (args.out / "overhead.md").write_text(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
