@@ -39,7 +39,7 @@ from pipeline.run_folder import RunFolderError, default_out_dir, prepare_run_dir
 from pipeline.run_outputs import rollout_record, window_warnings, write_json, write_outputs
 from world_model.models.checkpoint import CheckpointError
 from world_model.models.generation_config import GenerationConfig
-from world_model.text.windows import caption_window, decode_states
+from world_model.text.windows import caption_states, caption_window, decode_states
 from world_model.utils.files import replace_dir
 from world_model.utils.timing import timed
 
@@ -148,7 +148,7 @@ def run_in(
     with timed(timings, "caption"):
         report(0.3, f"captioning {len(clip)} frames")
         images = [frame.image for frame in clip]
-        captions, groundings = caption(cap, images)
+        captions, groundings = caption(cap, images, report)
         verdict = clip_verdict(groundings)
         unknown = unknown_warning(verdict, groundings, p.captioner)
         if unknown and output.on_unknown == "stop":
@@ -156,7 +156,8 @@ def run_in(
     with timed(timings, "predict"):
         report(0.5, "predicting")
         c = predictor.model.config
-        window = caption_window(captions, predictor.vocab, c.n_states, c.n_tokens)
+        states = caption_states(captions)  # repeated captions are one state
+        window = caption_window([s.caption for s in states], predictor.vocab, c.n_states, c.n_tokens)
         predictions = predict(predictor, readout, window.token_ids.to(plan.device), steps, generation)
     with timed(timings, "render"):
         init = images[-1] if output.init_from_last_frame else None
@@ -174,6 +175,7 @@ def run_in(
             captions,
             groundings,
             verdict,
+            states,
             window,
             predictions,
         )
@@ -184,11 +186,16 @@ def run_in(
     return record, images, rendered
 
 
-def caption(cap, images: list[np.ndarray]) -> tuple[list[str], list]:
-    """One caption per (H, W, 3) image, and its grounding (None from a captioner that gives no score)."""
-    if hasattr(cap, "caption_and_ground"):
-        return cap.caption_and_ground(images)
-    return cap(images), [None] * len(images)
+def caption(cap, images: list[np.ndarray], report: Progress) -> tuple[list[str], list]:
+    """One caption per (H, W, 3) image, and its grounding (None from a captioner that gives no score); a
+    progress bar on stderr and `report` after every batch."""
+    if not hasattr(cap, "caption_and_ground"):
+        return cap(images), [None] * len(images)
+
+    def on_batch(done: int, total: int) -> None:
+        report(0.3 + 0.2 * done / total, f"captioned {done} of {total} frames")
+
+    return cap.caption_and_ground(images, progress="captioning", on_batch=on_batch)
 
 
 def predict(predictor, readout, window, steps: int, generation: GenerationConfig) -> list[dict]:
@@ -255,8 +262,9 @@ def stop_on_sigterm(signum, frame) -> None:
 
 
 def quiet_libraries() -> None:
-    """Silence transformers', diffusers' and huggingface_hub's loading bars and advisory warnings, OpenCV's
-    and FFmpeg's decoder messages and the frame sampler's log (its warnings reach the summary anyway)."""
+    """Silence transformers' and diffusers' loading bars and advisory warnings, OpenCV's and FFmpeg's decoder
+    messages and the frame sampler's log (its warnings reach the summary anyway). The hub's download bars
+    stay: a first run's download is minutes long and must show."""
     import diffusers
     import huggingface_hub
     import transformers
@@ -267,7 +275,7 @@ def quiet_libraries() -> None:
     transformers.logging.disable_progress_bar()
     diffusers.logging.set_verbosity_error()
     diffusers.logging.disable_progress_bar()
-    huggingface_hub.utils.disable_progress_bars()
+    huggingface_hub.utils.enable_progress_bars()  # transformers' disable_progress_bar turns them off too
     logging.getLogger("encoders").setLevel(logging.ERROR)
 
 
