@@ -153,11 +153,19 @@ def test_hub_preset_carries_the_sd_turbo_card_settings():
     assert load_preset("hub").renderer_options == TURBO_CARD
 
 
-def test_image_to_image_resizes_the_init_frame_to_the_card_size(tmp_path):
+def test_image_to_image_resizes_the_init_frame_to_the_card_size(tmp_path, monkeypatch):
     renderer = DiffusersRenderer.from_pretrained(make_tiny_sd_turbo(tmp_path / "turbo"))
-    renderer.settings |= {"height": 64, "width": 64}  # 512 as the card, scaled down for the tiny model
-    wide_frame = np.zeros((36, 64, 3), np.uint8)  # a 16:9 frame as sampled from a clip
-    assert renderer(["a dog"], init_images=[wide_frame])[0].shape == (64, 64, 3)
+    received = []
+
+    def image_to_image(prompt, image, **settings):  # records what the pipeline would get; rendering 512 px is slow
+        received.append((image.size, settings["height"], settings["width"]))
+        raise InterruptedError
+
+    monkeypatch.setattr(renderer, "image_to_image", lambda: image_to_image)
+    wide_frame = np.zeros((288, 512, 3), np.uint8)  # a 16:9 frame as sampled from a clip
+    with pytest.raises(InterruptedError):
+        renderer(["a dog"], init_images=[wide_frame])
+    assert received == [((512, 512), 512, 512)]
 
 
 def test_a_folder_with_only_fp16_variant_weights_loads_them(tmp_path):
