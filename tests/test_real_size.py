@@ -88,7 +88,7 @@ def test_measure_times_both_models_on_small_configs(tmp_path, monkeypatch):
     assert set(result["render"]["parameters_m"]) == {"unet", "text_encoder", "vae"}
     assert result["rollout_peak_mib"] == 1024, "the render's peak, taken with the captioner still loaded"
     params = sum(result["render"]["parameters_m"].values()) * 1e6
-    assert result["download_mb"]["renderer_fp16"] == pytest.approx(params * 2 / 1e6, rel=0.01)
+    assert result["download_mb"]["renderer_fp16"] == pytest.approx(params * 2 / 1e6, abs=1)
     text = real_size.format_result(result)
     assert "s per frame" in text and "combined peak 1024 MiB" in text and "a first run downloads about" in text
 
