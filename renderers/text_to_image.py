@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -23,6 +26,8 @@ from PIL import Image
 from world_model.utils.hub import PIPELINE_INDEX, ModelLoadError, default_device, explain_load_failure, load_model_files
 
 DEFAULT_RENDERER = "stabilityai/sd-turbo"
+# How diffusers' ModelMixin.from_pretrained words its warnings about unexpected and missing checkpoint keys.
+UNLOADED_WEIGHT_PHRASES = ("were not used when initializing", "were not initialized from the model checkpoint")
 
 
 @dataclass(frozen=True)
@@ -119,7 +124,8 @@ class DiffusersRenderer:
         or, when its code ships in the folder (``model_index.json`` ``_class_name``
         ``["pipeline", "ClassName"]`` next to ``pipeline.py``), with ``trust_remote_code=True``.
 
-        Raises ``ModelLoadError`` saying whether the folder lacks files or the hub id is not cached.
+        Raises ``ModelLoadError`` saying whether the folder lacks files or the hub id is not cached, and
+        when a component's checkpoint keys do not match its model (which diffusers would only log).
         """
         if isinstance(pipeline_class, str):
             pipeline_class = resolve_pipeline_class(pipeline_class)
@@ -130,10 +136,11 @@ class DiffusersRenderer:
             options = dict(dtype=dtype, variant=variant, local_files_only=local_files_only)
             return _load_pipeline(model_id_or_path, options, pipeline_class, trust_remote_code)
 
-        try:
-            pipeline = load_model_files(load, model_id_or_path, PIPELINE_INDEX)
-        except (OSError, ValueError) as error:
-            raise ModelLoadError(explain_load_failure(model_id_or_path, PIPELINE_INDEX, error)) from error
+        with failing_on_unloaded_weights(model_id_or_path):
+            try:
+                pipeline = load_model_files(load, model_id_or_path, PIPELINE_INDEX)
+            except (OSError, ValueError) as error:
+                raise ModelLoadError(explain_load_failure(model_id_or_path, PIPELINE_INDEX, error)) from error
         pipeline.to(device)
         pipeline.set_progress_bar_config(disable=True)
         given = dict(num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, height=height, width=width)
@@ -189,6 +196,36 @@ class DiffusersRenderer:
                 raise ValueError(f"{type(self.pipeline).__name__} has no image-to-image counterpart") from error
             self._image_to_image.set_progress_bar_config(disable=True)
         return self._image_to_image
+
+
+@contextmanager
+def failing_on_unloaded_weights(source: str | Path) -> Iterator[None]:
+    """Raise ``ModelLoadError`` after a load in which diffusers reported checkpoint keys a model did not load
+    (missing or unexpected): diffusers only logs them, and the rollout silences its log. Its other log records
+    reach the log's handlers as before, at the level it was set to."""
+    logger = logging.getLogger("diffusers")
+    records: list[logging.LogRecord] = []
+    collect = logging.Handler()
+    collect.emit = records.append
+    level, handlers, shown = logger.level, logger.handlers[:], logger.getEffectiveLevel()
+    logger.handlers = [collect]
+    logger.setLevel(min(shown, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.handlers = handlers
+        logger.setLevel(level)
+        for record in records:
+            if record.levelno >= shown and not _reports_unloaded_weights(record):
+                logger.handle(record)
+    unloaded = [r.getMessage().split("\n")[0] for r in records if _reports_unloaded_weights(r)]
+    if unloaded:
+        raise ModelLoadError(f"{source}: a checkpoint does not match its model's weights: " + " | ".join(unloaded))
+
+
+def _reports_unloaded_weights(record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    return any(phrase in message for phrase in UNLOADED_WEIGHT_PHRASES)
 
 
 def resolve_pipeline_class(path: str) -> type[DiffusionPipeline]:

@@ -219,3 +219,52 @@ def test_download_hint_fetches_only_what_is_loaded(tmp_path, monkeypatch):
     assert '`hf download no-such-org/no-such-renderer --include "*.json" "*/*.txt" "*/*.fp16.safetensors"`' in str(
         error.value
     )
+
+
+def test_an_uncached_hub_id_downloads_the_fp16_variant_first(tmp_path, monkeypatch):
+    from world_model.utils.hub import load_model_files
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path))
+    tries = []
+
+    def load(variant, local_files_only):
+        tries.append((variant, local_files_only))
+        return "loaded"
+
+    assert load_model_files(load, "some-org/turbo", "model_index.json") == "loaded"
+    assert tries == [("fp16", False)], "an fp16 repository: only its fp16 files are fetched"
+
+    def load_without_variant(variant, local_files_only):
+        tries.append((variant, local_files_only))
+        if variant == "fp16":
+            raise ValueError("You are trying to load the model files of the `variant=fp16`, but no such files exist")
+        return "loaded"
+
+    tries.clear()
+    assert load_model_files(load_without_variant, "some-org/plain", "model_index.json") == "loaded"
+    assert tries == [("fp16", False), (None, False)], "no fp16 files: the default ones"
+
+    def offline(variant, local_files_only):
+        raise OSError("cannot reach the hub")
+
+    with pytest.raises(OSError, match="cannot reach"):  # a real failure is not retried
+        load_model_files(offline, "some-org/plain", "model_index.json")
+
+
+def test_a_checkpoint_with_a_renamed_key_fails_loudly(tmp_path):
+    import safetensors.torch
+
+    folder = make_tiny_sd(tmp_path / "sd")
+    file = folder / "unet" / "diffusion_pytorch_model.safetensors"
+    weights = safetensors.torch.load_file(file)
+    weights["renamed.weight"] = weights.pop("conv_in.bias")
+    safetensors.torch.save_file(weights, file, metadata={"format": "pt"})
+    import diffusers
+
+    level = diffusers.logging.get_verbosity()
+    diffusers.logging.set_verbosity_error()  # as the rollout command silences it
+    try:
+        with pytest.raises(ModelLoadError, match="not used when initializing(.|\n)*not initialized from the model"):
+            DiffusersRenderer.from_pretrained(folder)
+    finally:
+        diffusers.logging.set_verbosity(level)
