@@ -92,6 +92,7 @@ class HFCaptioner:
                 local_files_only=local_files_only,
                 output_loading_info=True,
             )
+            check_tokenizer(tokenizer, model, model_id_or_path)
             return processor, tokenizer, model, report
 
         try:
@@ -163,6 +164,17 @@ class HFCaptioner:
             new != self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else True
         )
         return (scores.where(keep, 0).sum(1) / keep.sum(1).clamp_min(1)).float().cpu()
+
+
+def check_tokenizer(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel, source: str | Path) -> None:
+    """Raise ``ModelLoadError`` when the tokenizer covers less than half the model's output vocabulary: transformers
+    builds a near-empty tokenizer, without a word, when a folder lacks its tokenizer files."""
+    vocabulary = model.config.get_text_config(decoder=True).vocab_size
+    if len(tokenizer) < vocabulary // 2:
+        raise ModelLoadError(
+            f"{source}: the tokenizer has {len(tokenizer)} tokens for a model that writes {vocabulary}; "
+            "its tokenizer files (tokenizer.json, vocab.txt or vocab.json) are missing"
+        )
 
 
 def check_loading_report(report: dict, source: str | Path) -> None:

@@ -150,3 +150,11 @@ def test_fp16_variant_folder_and_cached_hub_id_load_without_the_network(tmp_path
         captioner = HFCaptioner.from_pretrained("tiny-org/tiny-blip", max_new_tokens=4)
     assert captioner(IMAGES) == captions and captioner.model.dtype == torch.float32
     assert not [r for r in requests if "tiny-org" in r], requests
+
+
+def test_a_folder_without_its_tokenizer_files_is_refused(tmp_path):
+    folder = make_tiny_blip(tmp_path / "blip")
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+        (folder / name).unlink(missing_ok=True)
+    with pytest.raises(ModelLoadError, match="tokenizer has 5 tokens for a model that writes 26; its tokenizer files"):
+        HFCaptioner.from_pretrained(folder)
