@@ -150,7 +150,11 @@ def test_a_plain_stable_diffusion_folder_keeps_its_own_defaults(sd_folder):
 def test_hub_preset_carries_the_sd_turbo_card_settings():
     from pipeline.presets import load_preset
 
-    assert load_preset("hub").renderer_options == TURBO_CARD
+    hub = load_preset("hub")
+    assert hub.renderer_options == TURBO_CARD
+    other = hub.with_models({"renderer": "some-org/another-renderer"})
+    assert other.renderer_options == {}, "the card's settings belong to sd-turbo, not to a renderer named instead"
+    assert other.captioner_options == hub.captioner_options
 
 
 def test_image_to_image_resizes_the_init_frame_to_the_card_size(tmp_path, monkeypatch):
