@@ -188,14 +188,15 @@ def run_in(
 
 def caption(cap, images: list[np.ndarray], report: Progress) -> tuple[list[str], list]:
     """One caption per (H, W, 3) image, and its grounding (None from a captioner that gives no score); a
-    progress bar on stderr and `report` after every batch."""
+    progress bar on a terminal's stderr and `report` after every batch."""
     if not hasattr(cap, "caption_and_ground"):
         return cap(images), [None] * len(images)
 
     def on_batch(done: int, total: int) -> None:
         report(0.3 + 0.2 * done / total, f"captioned {done} of {total} frames")
 
-    return cap.caption_and_ground(images, progress="captioning", on_batch=on_batch)
+    bar = "captioning" if sys.stderr.isatty() else None  # a bar on a terminal, as rendering shows
+    return cap.caption_and_ground(images, progress=bar, on_batch=on_batch)
 
 
 def predict(predictor, readout, window, steps: int, generation: GenerationConfig) -> list[dict]:
