@@ -247,6 +247,7 @@ def summary(result: RolloutResult) -> str:
         + ("  [outside the captioner's world]" if (o["grounding"] or {}).get("grounded") is False else "")
         for o in r["observed"]
     ]
+    lines.append(f"states: {len(r['states'])} distinct of {len(r['observed'])} captions (repeats merged)")
     for k, p in enumerate(r["predictions"]):
         lines.append(f"predicted{'' if len(r['predictions']) == 1 else f' (sample {k + 1})'}:")
         lines += [f"  step {s + 1}: {text}" for s, text in enumerate(p["sentences"])]

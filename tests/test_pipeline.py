@@ -280,13 +280,15 @@ def test_repeated_captions_are_one_state_with_its_time_span(models, tmp_path, mo
     captions = ["a red square", "A red square.", "the square  stops", "the square stops", "a red square"]
     monkeypatch.setattr(rollout_module, "load_captioner", lambda *a: lambda images: captions[: len(images)])
     with one_torch_thread():
-        record = run_rollout(video, 1, models=choice(models), output=tmp_path / "run").record
+        result = run_rollout(video, 1, models=choice(models), output=tmp_path / "run")
+    record = result.record
     assert len(record["observed"]) == 5
     assert record["states"] == [
         {"sentence": "a red square.", "observed": [0, 1], "start_s": 0.0, "end_s": 1.0},
         {"sentence": "the square stops.", "observed": [2, 3], "start_s": 2.0, "end_s": 3.0},
         {"sentence": "a red square.", "observed": [4, 4], "start_s": 4.0, "end_s": 4.0},
     ]
+    assert "states: 3 distinct of 5 captions" in rollout_module.summary(result)
     n_states = len(record["window"]["states"])
     assert record["window"]["states"] == [""] * (n_states - 3) + ["a red square.", "the square stops.", "a red square."]
 
