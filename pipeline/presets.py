@@ -8,6 +8,8 @@ from pathlib import Path
 
 import yaml
 
+from world_model.utils.hub import PIPELINE_INDEX, model_folder
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PRESET_DIR = PROJECT_ROOT / "configs" / "pipeline"
 COMPONENTS = ("captioner", "renderer", "predictor")
@@ -31,8 +33,10 @@ class PipelinePreset:
     renderer_options: dict = field(default_factory=dict)  # keyword arguments of DiffusersRenderer.from_pretrained
 
     def with_models(self, overrides: dict[str, str]) -> PipelinePreset:
-        """This preset with some components replaced (hub id or folder)."""
-        return replace(self, **{c: resolve_model_path(v) for c, v in overrides.items()})
+        """This preset with some components replaced (hub id or folder); a replaced captioner or renderer
+        drops the preset's options, which belong to the model they replace."""
+        options = {f"{c}_options": {} for c in overrides if c in ("captioner", "renderer")}
+        return replace(self, **{c: resolve_model_path(v) for c, v in overrides.items()}, **options)
 
 
 def available_presets() -> list[str]:
@@ -72,17 +76,10 @@ def missing_offline_models(preset: PipelinePreset) -> list[str]:
 
 
 def hub_model_available(model_id: str) -> bool:
-    """True when `model_id` is a local folder, is in the Hugging Face cache, or the hub answers for it."""
-    if Path(model_id).is_dir():
+    """True when `model_id` is a local folder, is in the Hugging Face cache with the weights a load reads
+    (`world_model.utils.hub.model_folder`), or the hub answers for it."""
+    if any(model_folder(model_id, index) is not None for index in ("config.json", PIPELINE_INDEX)):
         return True
-    from huggingface_hub import try_to_load_from_cache
-
-    for filename in ("config.json", "model_index.json"):
-        try:
-            if isinstance(try_to_load_from_cache(model_id, filename), str):
-                return True
-        except Exception:  # an id the cache cannot even parse
-            return False
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
         return False
     try:

@@ -5,7 +5,10 @@ Builds the default hub models' architectures at full size with random weights, f
 BLIP (`Salesforce/blip-image-captioning-base`: a 384x384 image, greedy, `max_new_tokens` tokens forced, the
 hub preset's cap) and rendering with sd-turbo (`stabilityai/sd-turbo`: text encoder, the UNet for its
 inference steps without guidance, the VAE decoder, 512x512), as `DiffusersRenderer` runs them. fp32 on CPU,
-fp16 on CUDA, as the loaders choose. Random weights cost the same arithmetic as trained ones.
+fp16 on CUDA, as the loaders choose. Random weights cost the same arithmetic as trained ones. The captioner
+stays loaded while the renderer is built and timed, as a rollout holds both, so the renderer's peak memory
+is the rollout's combined peak. What a first run downloads follows from the parameter counts: BLIP's
+checkpoint is fp32 (its tied output head stored again), sd-turbo's fp16 variant 2 bytes a parameter.
 """
 
 from __future__ import annotations
@@ -83,12 +86,14 @@ def timed(function, repeats: int, device: str) -> float:
 
 
 def measure(device: str, repeats: int = 2, caption_tokens: int = 30, memory=None) -> dict:
-    """Per-frame captioning and rendering seconds, parameter counts and peak memory on `device`.
+    """Per-frame captioning and rendering seconds, parameter counts, peak memory on `device` (the render's
+    with the captioner still loaded: the rollout's combined peak) and the first run's download in MB.
 
     `memory()` gives the process's peak RSS in bytes so far (CPU); on CUDA the peak allocated memory is used.
     """
     dtype = torch.float16 if device == "cuda" else torch.float32
     result = {"device": device, "dtype": str(dtype).removeprefix("torch."), "repeats": repeats}
+    held = []  # the rollout keeps the captioner loaded while it renders
     for name in ("caption", "render"):
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -103,8 +108,19 @@ def measure(device: str, repeats: int = 2, caption_tokens: int = 30, memory=None
             "parameters_m": {k: round(v / 1e6, 1) for k, v in params.items()},
             ("peak_cuda_allocated_mib" if device == "cuda" else "peak_rss_mib"): round(peak / 2**20),
         }
-        del built  # free one component before building the next
+        held.append(built)
+    result["rollout_peak_mib"] = result["render"][next(k for k in result["render"] if k.endswith("_mib"))]
+    result["download_mb"] = download_mb(held[0], held[1][0])
     return result
+
+
+def download_mb(captioner, renderer_parts: dict) -> dict:
+    """MB of weights a first run downloads: BLIP's fp32 checkpoint (with its tied output head stored again)
+    and sd-turbo's fp16 variant."""
+    tied_head = captioner.text_decoder.cls.predictions.decoder.weight.numel()
+    blip = (sum(p.numel() for p in captioner.parameters()) + tied_head) * 4
+    sd_turbo = sum(p.numel() for m in renderer_parts.values() for p in m.parameters()) * 2
+    return {"captioner_fp32": round(blip / 1e6), "renderer_fp16": round(sd_turbo / 1e6)}
 
 
 def time_component(name: str, built, device: str, dtype, repeats: int, caption_tokens: int) -> tuple[dict, float]:
@@ -124,10 +140,16 @@ def format_result(result: dict) -> str:
     ]
     for name, what in (
         ("caption", "captioning (BLIP base, 384 px, 30 tokens)"),
-        ("render", "rendering (sd-turbo, 512 px, 1 step)"),
+        ("render", "rendering (sd-turbo, 512 px, 1 step; captioner still loaded)"),
     ):
         r = result[name]
         memory = ", ".join(f"{k.replace('_', ' ')} {v} MiB" for k, v in r.items() if k.endswith("_mib"))
         params = ", ".join(f"{k} {v}M" for k, v in r["parameters_m"].items())
         lines.append(f"  {what}: {r['seconds_per_frame']:.2f} s per frame; {memory}; parameters {params}")
+    download = result["download_mb"]
+    lines.append(
+        f"  the rollout holds both: combined peak {result['rollout_peak_mib']} MiB; a first run downloads about "
+        f"{sum(download.values()) / 1e3:.1f} GB of weights (BLIP fp32 {download['captioner_fp32']} MB, "
+        f"sd-turbo fp16 {download['renderer_fp16']} MB)"
+    )
     return "\n".join(lines)

@@ -39,7 +39,7 @@ from pipeline.run_folder import run_folder
 from pipeline.run_outputs import rollout_record, window_warnings, write_json, write_outputs
 from world_model.generation.explain import describe_slice, explain_lines, probability_text, step_records
 from world_model.models.generation_config import GenerationConfig
-from world_model.text.windows import CaptionWindow, caption_window, decode_states
+from world_model.text.windows import CaptionState, CaptionWindow, caption_states, caption_window, decode_states
 from world_model.utils.cli import check_device, run_command
 from world_model.utils.files import replace_dir
 from world_model.utils.timing import timed
@@ -143,7 +143,7 @@ def run_in(
     with timed(timings, "caption"):
         report(0.3, f"captioning {len(clip)} frames")
         images = [frame.image for frame in clip]
-        captions, groundings = caption(cap, images)
+        captions, groundings = caption(cap, images, report)
         verdict = clip_verdict(groundings)
         unknown = unknown_warning(verdict, groundings, p.captioner)
         if unknown and output.on_unknown == "stop":
@@ -151,8 +151,9 @@ def run_in(
     with timed(timings, "predict"):
         report(0.5, "predicting")
         c = predictor.model.config
-        window = caption_window(captions, predictor.vocab, c.n_states, c.n_tokens)
-        predictions = predict(predictor, readout, window, len(captions), steps, generation, plan.device)
+        states = caption_states(captions)  # repeated captions are one state
+        window = caption_window([s.caption for s in states], predictor.vocab, c.n_states, c.n_tokens)
+        predictions = predict(predictor, readout, window, states, steps, generation, plan.device)
     with timed(timings, "render"):
         init = images[-1] if output.init_from_last_frame else None
         rendered = render_states(ren, [q["sentences"] for q in predictions], generation.seed, init, report)
@@ -169,6 +170,7 @@ def run_in(
             captions,
             groundings,
             verdict,
+            states,
             window,
             predictions,
         )
@@ -179,19 +181,32 @@ def run_in(
     return record, images, rendered
 
 
-def caption(cap, images: list[np.ndarray]) -> tuple[list[str], list]:
-    """One caption per (H, W, 3) image, and its grounding (None from a captioner that gives no score)."""
-    if hasattr(cap, "caption_and_ground"):
-        return cap.caption_and_ground(images)
-    return cap(images), [None] * len(images)
+def caption(cap, images: list[np.ndarray], report: Progress) -> tuple[list[str], list]:
+    """One caption per (H, W, 3) image, and its grounding (None from a captioner that gives no score); a
+    progress bar on a terminal's stderr and `report` after every batch."""
+    if not hasattr(cap, "caption_and_ground"):
+        return cap(images), [None] * len(images)
+
+    def on_batch(done: int, total: int) -> None:
+        report(0.3 + 0.2 * done / total, f"captioned {done} of {total} frames")
+
+    bar = "captioning" if sys.stderr.isatty() else None  # a bar on a terminal, as rendering shows
+    return cap.caption_and_ground(images, progress=bar, on_batch=on_batch)
 
 
 def predict(
-    predictor, readout, window: CaptionWindow, captions: int, steps: int, generation: GenerationConfig, device: str
+    predictor,
+    readout,
+    window: CaptionWindow,
+    states: list[CaptionState],
+    steps: int,
+    generation: GenerationConfig,
+    device: str,
 ) -> list[dict]:
-    """`generation.futures` rollouts of `steps` states from the window of `captions` captions: [{"sentences",
-    "token_ids", "explanations"}], the last a list of per-step records (`world_model.generation.explain`) when
-    `generation.explanations` and the model can explain, else None."""
+    """`generation.futures` rollouts of `steps` states from the window of the clip's distinct caption `states`:
+    [{"sentences", "token_ids", "explanations"}], the last a list of per-step records
+    (`world_model.generation.explain`) when `generation.explanations` and the model can explain, else None. An
+    observed slice's `index` in those records is the index of its state's first caption."""
     seen = [] if generation.explanations else None
     vocab = predictor.vocab
     futures = readout.futures(predictor.model, vocab, window.token_ids.to(device), steps, generation, seen)
@@ -199,10 +214,22 @@ def predict(
         {
             "sentences": decode_states(ids, vocab),
             "token_ids": ids.tolist(),
-            "explanations": step_records(steps_seen, ids, window.states, captions, vocab) if steps_seen else None,
+            "explanations": caption_indices(step_records(steps_seen, ids, window.states, len(states), vocab), states)
+            if steps_seen
+            else None,
         }
         for ids, steps_seen in zip(futures, seen or [None] * len(futures))
     ]
+
+
+def caption_indices(records: list[dict], states: list[CaptionState]) -> list[dict]:
+    """Renumber the observed slices of per-step explanation `records` from state index to the index of the
+    state's first caption (in place; `drew_on` is one of the `attention` entries)."""
+    for record in records:
+        for source in record["attention"] or []:
+            if source["source"] == "observed":
+                source["index"] = states[source["index"]].first
+    return records
 
 
 def render_states(
@@ -251,6 +278,7 @@ def summary(result: RolloutResult, explain: bool = False) -> str:
         + ("  [outside the captioner's world]" if (o["grounding"] or {}).get("grounded") is False else "")
         for o in r["observed"]
     ]
+    lines.append(f"states: {len(r['states'])} distinct of {len(r['observed'])} captions (repeats merged)")
     for k, p in enumerate(r["predictions"]):
         lines.append(f"predicted{'' if len(r['predictions']) == 1 else f' (sample {k + 1})'}:")
         for s, text in enumerate(p["sentences"]):
@@ -268,8 +296,9 @@ def summary(result: RolloutResult, explain: bool = False) -> str:
 
 
 def quiet_libraries() -> None:
-    """Silence transformers', diffusers' and huggingface_hub's loading bars and advisory warnings, OpenCV's
-    and FFmpeg's decoder messages and the frame sampler's log (its warnings reach the summary anyway)."""
+    """Silence transformers' and diffusers' loading bars and advisory warnings, OpenCV's and FFmpeg's decoder
+    messages and the frame sampler's log (its warnings reach the summary anyway). The hub's download bars
+    stay: a first run's download is minutes long and must show."""
     import diffusers
     import huggingface_hub
     import transformers
@@ -280,7 +309,7 @@ def quiet_libraries() -> None:
     transformers.logging.disable_progress_bar()
     diffusers.logging.set_verbosity_error()
     diffusers.logging.disable_progress_bar()
-    huggingface_hub.utils.disable_progress_bars()
+    huggingface_hub.utils.enable_progress_bars()  # transformers' disable_progress_bar turns them off too
     logging.getLogger("encoders").setLevel(logging.ERROR)
 
 

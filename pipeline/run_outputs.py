@@ -53,18 +53,35 @@ def save_png(path: Path, image: np.ndarray) -> None:
 
 
 def fit(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """Resize an (H, W, 3) frame to (height, width) = size, so observed and rendered frames share a video."""
+    """An (H, W, 3) frame letterboxed into (height, width) = size, so observed and rendered frames share a
+    video: scaled to fit whole with its aspect ratio kept, centred on black bars."""
+    height, width = size
     if image.shape[:2] == size:
         return image
-    return np.asarray(Image.fromarray(image).resize((size[1], size[0]), Image.BICUBIC))
+    scale = min(height / image.shape[0], width / image.shape[1])
+    inner_h = max(1, min(height, round(image.shape[0] * scale)))
+    inner_w = max(1, min(width, round(image.shape[1] * scale)))
+    scaled = np.asarray(Image.fromarray(image).resize((inner_w, inner_h), Image.BICUBIC))
+    canvas = np.zeros((height, width, 3), np.uint8)
+    top, left = (height - inner_h) // 2, (width - inner_w) // 2
+    canvas[top : top + inner_h, left : left + inner_w] = scaled
+    return canvas
 
 
 def window_warnings(window) -> list[str]:
+    """Warnings about what the predictor's window lost: every word unknown, or captions cut to its token slots."""
+    warnings = []
     if window.tokens and window.unknown == window.tokens:
-        return [
+        warnings.append(
             "every caption word is outside the predictor's vocabulary: the prediction rests on sentence positions alone"
-        ]
-    return []
+        )
+    if window.cut:
+        slots = window.token_ids.shape[-1]
+        warnings.append(
+            f"{len(window.cut)} caption(s) longer than the predictor's {slots} token slots were cut to their first "
+            f"{slots} tokens: " + "; ".join(repr(s) for s in window.cut[:3])
+        )
+    return warnings
 
 
 def rollout_record(
@@ -78,10 +95,12 @@ def rollout_record(
     captions,
     groundings,
     verdict,
+    states,
     window,
     predictions,
 ) -> dict:
-    """rollout.json: the clip, the models, the settings, every observed frame, the window and the predictions."""
+    """rollout.json: the clip, the models, the settings, every observed frame, the states (runs of repeated
+    captions merged, with their time span), the window and the predictions."""
     info, f = clip.info, plan.frames
     return {
         "video": str(video),
@@ -125,6 +144,15 @@ def rollout_record(
             for i, (fr, text, g) in enumerate(zip(clip, captions, groundings))
         ],
         "grounding": verdict,
+        "states": [
+            {
+                "sentence": state.sentence,
+                "observed": [state.first, state.last],
+                "start_s": round(clip[state.first].timestamp, 3),
+                "end_s": round(clip[state.last].timestamp, 3),
+            }
+            for state in states
+        ],
         "window": {"states": window.states, "token_ids": window.token_ids[0].tolist()},
         "oov": {
             "tokens": window.tokens,

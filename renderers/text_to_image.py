@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -20,15 +24,52 @@ from diffusers import AutoPipelineForImage2Image, AutoPipelineForText2Image, Dif
 from PIL import Image
 from safetensors import SafetensorError
 
-from world_model.utils.hub import ModelLoadError, default_device, explain_load_failure
+from world_model.utils.hub import PIPELINE_INDEX, ModelLoadError, default_device, explain_load_failure, load_model_files
 
 DEFAULT_RENDERER = "stabilityai/sd-turbo"
+# How diffusers' ModelMixin.from_pretrained words its warnings about unexpected and missing checkpoint keys.
+UNLOADED_WEIGHT_PHRASES = ("were not used when initializing", "were not initialized from the model checkpoint")
 
-# Sampling settings from the model cards, where the pipeline's own defaults do not suit the model.
-KNOWN_DEFAULTS: dict[str, dict] = {
-    "stabilityai/sd-turbo": {"num_inference_steps": 1, "guidance_scale": 0.0},
-    "stabilityai/sdxl-turbo": {"num_inference_steps": 1, "guidance_scale": 0.0, "height": 512, "width": 512},
-}
+
+@dataclass(frozen=True)
+class KnownPipeline:
+    """A model recognised by its pipeline's own config (pipeline class, scheduler class and timestep spacing),
+    not by its hub id, so a local copy is recognised too; ``settings`` are its model card's."""
+
+    model: str
+    pipeline_class: str
+    scheduler_class: str
+    timestep_spacing: str
+    settings: dict
+
+    def matches(self, pipeline: DiffusionPipeline) -> bool:
+        scheduler = getattr(pipeline, "scheduler", None)
+        return (
+            type(pipeline).__name__ == self.pipeline_class
+            and type(scheduler).__name__ == self.scheduler_class
+            and scheduler.config.get("timestep_spacing") == self.timestep_spacing
+        )
+
+
+# Adversarially distilled one-step models: their cards sample 1 step without guidance, at 512x512.
+TURBO_SETTINGS = {"num_inference_steps": 1, "guidance_scale": 0.0, "height": 512, "width": 512}
+KNOWN_PIPELINES = (
+    KnownPipeline(
+        "stabilityai/sd-turbo", "StableDiffusionPipeline", "EulerDiscreteScheduler", "trailing", TURBO_SETTINGS
+    ),
+    KnownPipeline(
+        "stabilityai/sdxl-turbo",
+        "StableDiffusionXLPipeline",
+        "EulerAncestralDiscreteScheduler",
+        "trailing",
+        TURBO_SETTINGS,
+    ),
+)
+
+
+def known_settings(pipeline: DiffusionPipeline) -> dict:
+    """The model card's sampling settings when ``pipeline`` is recognised (``KNOWN_PIPELINES``), else {}."""
+    return next((dict(known.settings) for known in KNOWN_PIPELINES if known.matches(pipeline)), {})
 
 
 class Renderer(Protocol):
@@ -74,27 +115,37 @@ class DiffusersRenderer:
     ) -> DiffusersRenderer:
         """Load a pipeline from a hub id or a ``save_pretrained`` folder; fp16 on CUDA, fp32 elsewhere.
 
-        Settings left ``None`` come from ``KNOWN_DEFAULTS`` for known hub ids, else from the
+        Settings left ``None`` come from the model card when the pipeline's config is recognised
+        (``KNOWN_PIPELINES``: sd-turbo and sdxl-turbo, from a hub id or a local copy), else from the
         pipeline's own defaults.  ``strength`` is how far image-to-image moves from the init image.
+        The files are found as ``world_model.utils.hub.load_model_files`` says: the fp16 variant where it
+        exists (cast to fp32 on CPU), a cached hub id without the network.
         A folder whose pipeline class diffusers does not provide loads with ``pipeline_class`` (the
         class itself, or its import path ``"package.module:ClassName"`` as a YAML preset names it),
         or, when its code ships in the folder (``model_index.json`` ``_class_name``
         ``["pipeline", "ClassName"]`` next to ``pipeline.py``), with ``trust_remote_code=True``.
 
-        Raises ``ModelLoadError`` saying whether the folder lacks files or the hub id is not cached.
+        Raises ``ModelLoadError`` saying whether the folder lacks files or the hub id is not cached, and
+        when a component's checkpoint keys do not match its model (which diffusers would only log).
         """
         if isinstance(pipeline_class, str):
             pipeline_class = resolve_pipeline_class(pipeline_class)
         device = default_device(device)
         dtype = torch.float16 if device.type == "cuda" else torch.float32
-        try:
-            pipeline = _load_pipeline(model_id_or_path, dtype, pipeline_class, trust_remote_code)
-        except (OSError, ValueError, SafetensorError) as error:
-            raise ModelLoadError(explain_load_failure(model_id_or_path, "model_index.json", error)) from error
+
+        def load(variant: str | None, local_files_only: bool) -> DiffusionPipeline:
+            options = dict(dtype=dtype, variant=variant, local_files_only=local_files_only)
+            return _load_pipeline(model_id_or_path, options, pipeline_class, trust_remote_code)
+
+        with failing_on_unloaded_weights(model_id_or_path):
+            try:
+                pipeline = load_model_files(load, model_id_or_path, PIPELINE_INDEX)
+            except (OSError, ValueError, SafetensorError) as error:
+                raise ModelLoadError(explain_load_failure(model_id_or_path, PIPELINE_INDEX, error)) from error
         pipeline.to(device)
         pipeline.set_progress_bar_config(disable=True)
         given = dict(num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, height=height, width=width)
-        settings = KNOWN_DEFAULTS.get(str(model_id_or_path), {}) | {k: v for k, v in given.items() if v is not None}
+        settings = known_settings(pipeline) | {k: v for k, v in given.items() if v is not None}
         return cls(pipeline, str(model_id_or_path), settings, strength)
 
     def __call__(
@@ -104,8 +155,8 @@ class DiffusersRenderer:
 
         With ``init_images`` (one (H', W', 3) uint8 RGB image per prompt) the image-to-image
         pipeline built from the same components starts from them; they are resized to the
-        configured ``height``/``width`` if set, otherwise the output keeps their size (rounded
-        down to what the model accepts).
+        configured ``height``/``width`` if set (as the turbo cards resize theirs to 512x512),
+        otherwise the output keeps their size (rounded down to what the model accepts).
         """
         if init_images is not None and len(init_images) != len(prompts):
             raise ValueError(f"{len(init_images)} init images for {len(prompts)} prompts")
@@ -148,6 +199,36 @@ class DiffusersRenderer:
         return self._image_to_image
 
 
+@contextmanager
+def failing_on_unloaded_weights(source: str | Path) -> Iterator[None]:
+    """Raise ``ModelLoadError`` after a load in which diffusers reported checkpoint keys a model did not load
+    (missing or unexpected): diffusers only logs them, and the rollout silences its log. Its other log records
+    reach the log's handlers as before, at the level it was set to."""
+    logger = logging.getLogger("diffusers")
+    records: list[logging.LogRecord] = []
+    collect = logging.Handler()
+    collect.emit = records.append
+    level, handlers, shown = logger.level, logger.handlers[:], logger.getEffectiveLevel()
+    logger.handlers = [collect]
+    logger.setLevel(min(shown, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.handlers = handlers
+        logger.setLevel(level)
+        for record in records:
+            if record.levelno >= shown and not _reports_unloaded_weights(record):
+                logger.handle(record)
+    unloaded = [r.getMessage().split("\n")[0] for r in records if _reports_unloaded_weights(r)]
+    if unloaded:
+        raise ModelLoadError(f"{source}: a checkpoint does not match its model's weights: " + " | ".join(unloaded))
+
+
+def _reports_unloaded_weights(record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    return any(phrase in message for phrase in UNLOADED_WEIGHT_PHRASES)
+
+
 def resolve_pipeline_class(path: str) -> type[DiffusionPipeline]:
     """The ``DiffusionPipeline`` subclass named ``"package.module:ClassName"``; ``ValueError`` saying which part
     does not resolve."""
@@ -169,23 +250,24 @@ def resolve_pipeline_class(path: str) -> type[DiffusionPipeline]:
 
 
 def _load_pipeline(
-    source: str | Path, dtype: torch.dtype, pipeline_class: type[DiffusionPipeline] | None, trust_remote_code: bool
+    source: str | Path, options: dict, pipeline_class: type[DiffusionPipeline] | None, trust_remote_code: bool
 ) -> DiffusionPipeline:
+    """The pipeline at ``source``, loaded with ``options`` (dtype, variant, local_files_only)."""
     if pipeline_class is not None:
-        return pipeline_class.from_pretrained(source, dtype=dtype)
+        return pipeline_class.from_pretrained(source, **options)
     try:
-        return AutoPipelineForText2Image.from_pretrained(source, dtype=dtype)
+        return AutoPipelineForText2Image.from_pretrained(source, **options)
     except ValueError as error:
         if "AutoPipeline can't find" not in str(error):  # raised for classes AutoPipeline does not map
             raise
-    class_name = DiffusionPipeline.load_config(source)["_class_name"]
+    class_name = DiffusionPipeline.load_config(source, local_files_only=options["local_files_only"])["_class_name"]
     if isinstance(class_name, str) and not hasattr(diffusers, class_name):
         raise ValueError(
             f"model_index.json names the pipeline class {class_name!r}, which diffusers does not provide: pass "
             f"pipeline_class={class_name}, or ship its code in the folder as pipeline.py with _class_name "
             f'["pipeline", "{class_name}"] and pass trust_remote_code=True'
         )
-    return DiffusionPipeline.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code)
+    return DiffusionPipeline.from_pretrained(source, trust_remote_code=trust_remote_code, **options)
 
 
 def _call(pipeline: DiffusionPipeline, **kwargs):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -258,3 +259,69 @@ def make_tiny_pixel_pipeline(folder: str | Path, ship_code: bool = True) -> Path
         index["_class_name"] = ["pipeline", "TinyPixelPipeline"]
         index_file.write_text(json.dumps(index, indent=2))
     return folder
+
+
+def make_tiny_sd_turbo(folder: str | Path, variant: str | None = None) -> Path:
+    """Save a tiny ``StableDiffusionPipeline`` shaped like sd-turbo's: ``pipeline.tiny_pack.make_tiny_sd``'s
+    models with sd-turbo's scheduler (``EulerDiscreteScheduler``, "trailing" timesteps).
+
+    ``variant="fp16"`` saves only fp16 weight files (``*.fp16.safetensors``), as a cache filled the way the
+    model card loads it holds them; otherwise only the default fp32 files.
+    """
+    from diffusers import EulerDiscreteScheduler, StableDiffusionPipeline
+
+    from pipeline.tiny_pack import make_tiny_sd
+
+    folder = Path(folder)
+    with tempfile.TemporaryDirectory() as tmp:
+        pipeline = StableDiffusionPipeline.from_pretrained(make_tiny_sd(Path(tmp) / "sd"))
+    pipeline.scheduler = EulerDiscreteScheduler(
+        beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", steps_offset=1, timestep_spacing="trailing"
+    )
+    if variant == "fp16":
+        pipeline.to(torch.float16)
+    pipeline.save_pretrained(folder, variant=variant)
+    return folder
+
+
+def fill_hub_cache(cache: str | Path, repo_id: str, folder: str | Path, revision: str = "0" * 40) -> Path:
+    """Lay ``folder``'s files out as the Hugging Face cache holds a download of ``repo_id``:
+    ``models--org--name/refs/main`` naming ``revision`` and the files under ``snapshots/<revision>/``.
+    Returns the snapshot folder."""
+    repo = Path(cache) / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / revision
+    shutil.copytree(folder, snapshot)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(revision)
+    return snapshot
+
+
+@contextmanager
+def recording_hub() -> Iterator[list[str]]:
+    """A stand-in hub endpoint on localhost that records each HTTP request line and answers 503.
+
+    Yields (the request lines so far, the endpoint URL to put in ``huggingface_hub.constants.ENDPOINT``).
+    """
+    import http.server
+    import threading
+
+    requests: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (the http.server API)
+            requests.append(self.requestline)
+            self.send_error(503)
+
+        do_HEAD = do_GET  # noqa: N815
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield requests, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -78,3 +78,83 @@ def test_uncached_hub_id_says_so(tmp_path, monkeypatch):
     message = "'no-such-org/no-such-captioner' .* Hub id, but it is not in the local cache"
     with pytest.raises(ModelLoadError, match=message):
         HFCaptioner.from_pretrained("no-such-org/no-such-captioner")
+
+
+def test_decoding_joins_the_spaces_a_word_piece_tokenizer_puts_around_punctuation(tmp_path):
+    from transformers import BertTokenizer
+
+    captioner = HFCaptioner.from_pretrained(make_tiny_blip(tmp_path / "blip"))
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "man", "'", "s", "dog", ","]) + "\n")
+    captioner.tokenizer = BertTokenizer(vocab=str(vocab))
+    ids = captioner.tokenizer(["a man's dog, a dog"], return_tensors="pt").input_ids
+    assert captioner.decode(ids) == ["a man's dog, a dog"]
+
+
+def test_a_checkpoint_with_missing_or_unexpected_keys_fails_loudly(tmp_path):
+    import safetensors.torch
+
+    folder = make_tiny_blip(tmp_path / "blip")
+    weights = safetensors.torch.load_file(folder / "model.safetensors")
+    missing = next(k for k in weights if "vision_model" in k)
+    weights["unexpected.weight"] = weights.pop(missing)
+    safetensors.torch.save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=f"does not match the model's weights \\(missing: {missing}; unexpected"):
+        HFCaptioner.from_pretrained(folder)
+
+
+def test_the_score_is_the_greedy_captions_log_probability_whatever_the_generation_config(tmp_path):
+    from transformers import GenerationConfig
+
+    folder = make_tiny_blip(tmp_path / "blip")
+    GenerationConfig.from_pretrained(folder).save_pretrained(folder)
+    config = GenerationConfig.from_pretrained(folder)
+    config.num_beams, config.repetition_penalty = 3, 1.3  # a checkpoint may ship beam search or a penalty
+    config.save_pretrained(folder)
+    captioner = HFCaptioner.from_pretrained(folder, max_new_tokens=6)
+    image = IMAGES[3:]
+    captions, groundings = captioner.caption_and_ground(image)
+    # Greedy decoding (under the penalty), scored by the model's own (raw) log-probabilities.
+    inputs = captioner.image_processor(images=image, input_data_format="channels_last", return_tensors="pt")
+    with torch.inference_mode():
+        out = captioner.model.generate(**inputs, max_new_tokens=6, do_sample=False, num_beams=1)
+        logits = captioner.model(pixel_values=inputs["pixel_values"], input_ids=out[:, :-1]).logits  # (1, L-1, V)
+    chosen = logits.log_softmax(-1).gather(-1, out[:, 1:, None])[0, :, 0]
+    keep = out[0, 1:] != captioner.tokenizer.pad_token_id
+    assert captions == captioner.decode(out)
+    assert groundings[0].score == pytest.approx(chosen[keep].mean().item(), abs=1e-4)
+
+
+def test_progress_is_reported_after_every_batch(tmp_path):
+    captioner = HFCaptioner.from_pretrained(make_tiny_blip(tmp_path / "blip"), batch_size=3, max_new_tokens=4)
+    calls = []
+    captioner.caption_and_ground(IMAGES, on_batch=lambda done, total: calls.append((done, total)))
+    assert calls == [(3, 4), (4, 4)]
+
+
+def test_fp16_variant_folder_and_cached_hub_id_load_without_the_network(tmp_path, monkeypatch):
+    from transformers import BlipForConditionalGeneration
+
+    from tests.model_factories import fill_hub_cache, recording_hub
+
+    folder = make_tiny_blip(tmp_path / "blip")
+    model = BlipForConditionalGeneration.from_pretrained(folder)
+    (folder / "model.safetensors").unlink()
+    model.to(torch.float16).save_pretrained(folder, variant="fp16")
+    captions = HFCaptioner.from_pretrained(folder, max_new_tokens=4)(IMAGES)
+    fill_hub_cache(tmp_path / "cache", "tiny-org/tiny-blip", folder)
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
+    with recording_hub() as (requests, url):
+        monkeypatch.setattr(hub_constants, "ENDPOINT", url)
+        captioner = HFCaptioner.from_pretrained("tiny-org/tiny-blip", max_new_tokens=4)
+    assert captioner(IMAGES) == captions and captioner.model.dtype == torch.float32
+    assert not [r for r in requests if "tiny-org" in r], requests
+
+
+def test_a_folder_without_its_tokenizer_files_is_refused(tmp_path):
+    folder = make_tiny_blip(tmp_path / "blip")
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+        (folder / name).unlink(missing_ok=True)
+    with pytest.raises(ModelLoadError, match="tokenizer has 5 tokens for a model that writes 26; its tokenizer files"):
+        HFCaptioner.from_pretrained(folder)

@@ -365,7 +365,7 @@ def test_a_clip_outside_the_captioners_world_gets_a_banner(server, browser, clip
     caption = "the large green ball bounces off the floor and the elevator goes up to floor three"
 
     class OutsideCaptioner:  # as the offline pack's captioner does on real footage
-        def caption_and_ground(self, images):
+        def caption_and_ground(self, images, progress=None, on_batch=None):
             return [caption] * len(images), [Grounding(FEATURE_DISTANCE, 40.0, 15.6, False)] * len(images)
 
     monkeypatch.setattr(rollout_module, "load_captioner", lambda *args: OutsideCaptioner())

@@ -275,3 +275,68 @@ def test_bf16_precision_runs_the_predictor_under_autocast(models, clip, tmp_path
     assert bf16.record["sampling"]["precision"] == "bf16" and fp32.record["sampling"]["precision"] == "fp32"
     with pytest.raises(ValueError, match="precision"):
         GenerationConfig(precision="fp16")
+
+
+def test_repeated_captions_are_one_state_with_its_time_span(models, tmp_path, monkeypatch):
+    video = write_test_clip(tmp_path / "five.mp4", seconds=5.0, fps=10)
+    captions = ["a red square", "A red square.", "the square  stops", "the square stops", "a red square"]
+    monkeypatch.setattr(rollout_module, "load_captioner", lambda *a: lambda images: captions[: len(images)])
+    with one_torch_thread():
+        result = run_rollout(video, 1, models=choice(models), output=tmp_path / "run")
+    record = result.record
+    assert len(record["observed"]) == 5
+    assert record["states"] == [
+        {"sentence": "a red square.", "observed": [0, 1], "start_s": 0.0, "end_s": 1.0},
+        {"sentence": "the square stops.", "observed": [2, 3], "start_s": 2.0, "end_s": 3.0},
+        {"sentence": "a red square.", "observed": [4, 4], "start_s": 4.0, "end_s": 4.0},
+    ]
+    assert "states: 3 distinct of 5 captions" in rollout_module.summary(result)
+    n_states = len(record["window"]["states"])
+    assert record["window"]["states"] == [""] * (n_states - 3) + ["a red square.", "the square stops.", "a red square."]
+
+
+def test_captions_cut_to_the_token_slots_are_warned_about(models, clip, tmp_path, monkeypatch):
+    long = "a red square moves to the right of the wall and the square stops at the wall again"
+    monkeypatch.setattr(rollout_module, "load_captioner", lambda *a: lambda images: [long] * len(images))
+    with one_torch_thread():
+        record = run_rollout(clip, 1, models=choice(models), output=tmp_path / "run").record
+    assert any("longer than the predictor's 16 token slots were cut" in w and long in w for w in record["warnings"])
+
+
+def test_captioning_reports_progress_after_every_batch(models, clip, tmp_path):
+    reports = []
+    with one_torch_thread():
+        run_rollout(
+            clip,
+            1,
+            models=choice(models),
+            frames=FrameSampling(num_frames=10),
+            output=tmp_path / "run",
+            progress=lambda fraction, message: reports.append(message),
+        )
+    assert [m for m in reports if m.startswith("captioned")] == [
+        "captioned 8 of 10 frames",
+        "captioned 10 of 10 frames",
+    ]
+
+
+def test_quiet_libraries_keeps_the_hub_download_bars():
+    import huggingface_hub
+
+    try:
+        rollout_module.quiet_libraries()
+        assert not huggingface_hub.utils.are_progress_bars_disabled()
+    finally:
+        huggingface_hub.utils.enable_progress_bars()
+
+
+def test_renders_are_letterboxed_not_stretched_into_the_video():
+    from pipeline.run_outputs import fit
+
+    square = np.full((64, 64, 3), 255, np.uint8)
+    frame = fit(square, (96, 160))
+    assert frame.shape == (96, 160, 3)
+    assert (frame[:, 32:128] == 255).all(), "the square kept whole and square in the middle"
+    assert (frame[:, :32] == 0).all() and (frame[:, 128:] == 0).all(), "black bars either side"
+    tall = fit(np.full((80, 40, 3), 255, np.uint8), (40, 40))
+    assert (tall[:, 10:30] == 255).all() and (tall[:, :10] == 0).all()

@@ -95,7 +95,9 @@ def test_frames_option_takes_evenly_spaced_frames(models, clip, tmp_path, capsys
     record = json.loads((out / "rollout.json").read_text())
     assert [o["frame_index"] for o in record["observed"]] == [0, 14, 29]  # first, middle, last of 30 frames
     assert [o["timestamp_s"] for o in record["observed"]] == [0.0, 1.4, 2.9]
-    assert record["sampling"]["num_frames"] == 3 and record["warnings"] == []
+    assert record["sampling"]["num_frames"] == 3
+    # The tiny random captioner may ramble past the predictor's token slots; nothing else is warned about.
+    assert [w for w in record["warnings"] if "token slots were cut" not in w] == []
 
 
 @pytest.mark.parametrize(

@@ -86,7 +86,11 @@ def test_measure_times_both_models_on_small_configs(tmp_path, monkeypatch):
     for name in ("caption", "render"):
         assert result[name]["seconds_per_frame"] > 0 and result[name]["peak_rss_mib"] == 1024
     assert set(result["render"]["parameters_m"]) == {"unet", "text_encoder", "vae"}
-    assert "s per frame" in real_size.format_result(result)
+    assert result["rollout_peak_mib"] == 1024, "the render's peak, taken with the captioner still loaded"
+    params = sum(result["render"]["parameters_m"].values()) * 1e6
+    assert result["download_mb"]["renderer_fp16"] == pytest.approx(params * 2 / 1e6, abs=1)
+    text = real_size.format_result(result)
+    assert "s per frame" in text and "combined peak 1024 MiB" in text and "a first run downloads about" in text
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is present here")

@@ -23,6 +23,36 @@ def as_state_sentence(caption: str) -> str:
 
 
 @dataclass
+class CaptionState:
+    """A run of consecutive captions that say the same sentence: one state of the clip."""
+
+    caption: str  # the run's first caption, as the captioner wrote it
+    first: int  # index of the run's first caption
+    last: int  # index of its last caption (inclusive)
+
+    @property
+    def sentence(self) -> str:
+        """The caption as the predictor's states look (`as_state_sentence`)."""
+        return as_state_sentence(self.caption)
+
+
+def caption_states(captions: list[str]) -> list[CaptionState]:
+    """Merge consecutive captions that are the same sentence up to case, spacing and the final full stop
+    (equal `tokenize` tokens of their state sentences) into one state each, in order.
+
+    Near-identical frames give identical captions; merged, the predictor's window holds the clip's last
+    distinct states instead of one state repeated.
+    """
+    states: list[CaptionState] = []
+    for i, caption in enumerate(captions):
+        if states and tokenize(states[-1].sentence) == tokenize(as_state_sentence(caption)):
+            states[-1].last = i
+        else:
+            states.append(CaptionState(caption, i, i))
+    return states
+
+
+@dataclass
 class CaptionWindow:
     """The predictor's input built from the captions of a clip."""
 
@@ -31,6 +61,7 @@ class CaptionWindow:
     tokens: int  # caption tokens kept over all captions
     unknown: int  # of which outside the vocabulary
     unknown_words: list[str]  # distinct unknown words, in order of appearance
+    cut: list[str]  # sentences longer than the N token slots, of which only the first N tokens are kept
 
     @property
     def oov_rate(self) -> float:
@@ -41,7 +72,8 @@ def caption_window(captions: list[str], vocab: Vocabulary, n_states: int, n_toke
     """Encode the last `n_states` captions into a (1, T, N) window; fewer are left-padded with empty states.
 
     Words outside the vocabulary become the unknown id and are counted: the out-of-vocabulary rate is
-    over the captions' own tokens (not the added full stops), for all captions of the clip.
+    over the captions' own tokens (not the added full stops), for all captions given. Sentences with more
+    than `n_tokens` tokens are cut to their first `n_tokens` and listed in `cut`.
     """
     if not captions:
         raise ValueError("no captions to build a window from: the clip gave no frames")
@@ -53,7 +85,8 @@ def caption_window(captions: list[str], vocab: Vocabulary, n_states: int, n_toke
     kept = ids[-n_states:]
     window[n_states - len(kept) :] = kept
     states = [""] * (n_states - len(kept)) + sentences[-n_states:]
-    return CaptionWindow(window[None], states, stats["tokens"], stats["unknown"], unknown_words)
+    cut = [s for s in sentences if len(tokenize(s)) > n_tokens]
+    return CaptionWindow(window[None], states, stats["tokens"], stats["unknown"], unknown_words, cut)
 
 
 def decode_states(ids: torch.Tensor, vocab: Vocabulary) -> list[str]:

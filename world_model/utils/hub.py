@@ -1,17 +1,118 @@
-"""Loading models by folder or hub id: the error that says why one failed, and the default device."""
+"""Loading models by folder or hub id: which files a load reads (the fp16 variant where it exists, the local
+cache without the network when it holds them), the error that says why a load failed, and the default device."""
 
 from __future__ import annotations
 
+import importlib
+import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from huggingface_hub import constants as hub_constants
 from huggingface_hub import try_to_load_from_cache
 from safetensors import SafetensorError, safe_open
 
+FP16 = "fp16"
+PIPELINE_INDEX = "model_index.json"  # a diffusers pipeline folder's index; a transformers model folder has config.json
+# `hf download --include` patterns for the files a load reads: configs, tokenizer vocabularies and the weights.
+DOWNLOAD_PATTERNS = {
+    PIPELINE_INDEX: ("*.json", "*/*.txt", f"*/*.{FP16}.safetensors"),
+    "config.json": ("*.json", "*.txt", "model*.safetensors"),
+}
+Loaded = TypeVar("Loaded")
+
 
 class ModelLoadError(OSError):
     """A model id or folder could not be loaded; the message names it and says why."""
+
+
+def load_model_files(load: Callable[[str | None, bool], Loaded], source: str | Path, index_file: str) -> Loaded:
+    """Call ``load(variant, local_files_only)`` with the files ``source`` should load from.
+
+    A folder, or a hub id whose cached snapshot holds every weight file, loads without the network
+    (``local_files_only`` for a hub id): the fp16 variant when every weighted part has one, else the default
+    files. A hub id not (fully) cached is downloaded: the fp16 variant first, the default files when the
+    repository has none. ``index_file`` is the folder's index (``config.json`` or ``model_index.json``).
+    """
+    folder = model_folder(source, index_file)
+    if folder is not None:
+        variant = FP16 if FP16 in weight_variants(folder, index_file) else None
+        return load(variant, not Path(source).expanduser().is_dir())
+    try:
+        return load(FP16, False)
+    except (OSError, ValueError) as error:
+        if FP16 not in str(error):  # not the missing variant: a real failure
+            raise
+    return load(None, False)
+
+
+def model_folder(source: str | Path, index_file: str) -> Path | None:
+    """The folder ``source`` loads from without the network: itself when it is a folder, else its snapshot in
+    the hub cache when that holds ``index_file`` and a complete set of weights; None otherwise."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        index = try_to_load_from_cache(str(source), index_file)
+    except ValueError:  # not a valid repo id
+        return None
+    if not isinstance(index, str):
+        return None
+    snapshot = Path(index).parent
+    return snapshot if weight_variants(snapshot, index_file) else None
+
+
+def weight_variants(folder: Path, index_file: str) -> list[str | None]:
+    """The weight sets complete in ``folder``: ``"fp16"`` when every weighted part has fp16 safetensors, ``None``
+    when every one has default safetensors (``model.safetensors``, ``diffusion_pytorch_model.safetensors``, or
+    their shards); fp16 first."""
+    parts = weighted_parts(folder, index_file)
+    if not parts:
+        return []
+    complete = [v for v in (FP16, None) if all(_has_weights(folder / part, v) for part in parts)]
+    return complete
+
+
+def weighted_parts(folder: Path, index_file: str) -> list[str]:
+    """The subfolders of a pipeline folder whose component is a torch module (UNet, VAE, text encoder; not the
+    scheduler or tokenizer), or ``["."]`` for a model folder; [] when the index is missing or unreadable."""
+    try:
+        index = json.loads((folder / index_file).read_text())
+    except (OSError, ValueError):
+        return []
+    if index_file != PIPELINE_INDEX:
+        return ["."]
+    return [
+        name
+        for name, entry in index.items()
+        if isinstance(entry, list) and len(entry) == 2 and None not in entry and _is_module_class(*entry)
+    ]
+
+
+def _is_module_class(library: str, class_name: str) -> bool:
+    try:
+        cls = getattr(importlib.import_module(library), class_name)
+    except (ImportError, AttributeError):
+        return False
+    return isinstance(cls, type) and issubclass(cls, torch.nn.Module)
+
+
+def _has_weights(part: Path, variant: str | None) -> bool:
+    """Whether ``part`` holds safetensors weights of ``variant`` (``name.fp16.safetensors``, shards
+    ``name.fp16-00001-of-00002.safetensors``) or, for None, default ones (``name.safetensors``,
+    ``name-00001-of-00002.safetensors``)."""
+    names = [p.name.removesuffix(".safetensors") for p in part.glob("*.safetensors")]
+    if variant is None:
+        return any("." not in name for name in names)
+    return any(name.rsplit(".", 1)[-1].split("-")[0] == variant for name in names if "." in name)
+
+
+def download_command(source: str | Path, index_file: str) -> str:
+    """The ``hf download`` command that fetches only the files a load of hub id ``source`` reads."""
+    patterns = " ".join(f'"{p}"' for p in DOWNLOAD_PATTERNS[index_file])
+    return f"hf download {source} --include {patterns}"
 
 
 def explain_load_failure(source: str | Path, index_file: str, error: Exception) -> str:
@@ -32,12 +133,16 @@ def explain_load_failure(source: str | Path, index_file: str, error: Exception) 
         cached = isinstance(try_to_load_from_cache(str(source), index_file), str)
     except ValueError:  # not a valid repo id either
         return f"{source!r} is neither an existing folder nor a valid Hugging Face Hub id"
+    fetch = f"`{download_command(source, index_file)}`"
     if cached:
-        return f"Hub model {source!r} is in the local cache but failed to load: {error}"
+        return (
+            f"Hub model {source!r} is in the local cache but failed to load (its weights may be missing: "
+            f"{fetch} fetches them): {error}"
+        )
     return (
         f"{source!r} is not a local folder, so it was treated as a Hugging Face Hub id, but it is not in the "
         f"local cache ({hub_constants.HF_HUB_CACHE}) and could not be downloaded. Download it where "
-        f"the hub is reachable (`hf download {source}`) and copy the cache, or pass a local folder (without network, "
+        f"the hub is reachable ({fetch}) and copy the cache, or pass a local folder (without network, "
         f"HF_HUB_OFFLINE=1 skips the download retries). Cause: {error}"
     )
 
