@@ -36,8 +36,14 @@ class StepStats(NamedTuple):
     window_ce_sum: torch.Tensor  # summed cross-entropy over the same targets
     window_tokens: torch.Tensor  # their count
     last_ce_sum: torch.Tensor  # summed cross-entropy over the non-padding tokens of S(T)
-    last_correct: torch.Tensor  # argmax matches on those tokens (0 in training mode with the copy path, which skips it)
+    last_correct: torch.Tensor  # argmax matches on those tokens (eval mode; 0 in training mode, which skips the argmax)
     last_tokens: torch.Tensor  # their count
+
+
+def scored_order(earlier: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
+    """Flat (b, n, t) positions of the scored slots, those of S(1..T-1) first, then those of S(T): earlier and
+    final (B, N, T) boolean -> (K,) int64, each group in row-major order (as boolean indexing orders them)."""
+    return torch.cat([earlier.reshape(-1).nonzero()[:, 0], final.reshape(-1).nonzero()[:, 0]])
 
 
 class FourTensorModel(PretrainedMixin, nn.Module):
@@ -156,27 +162,30 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         # Readout only on slots with a target, fused with the cross-entropy (no (K, V) logits kept).
         # Rows of S(1..T-1) come first and those of S(T) last, the only ones whose argmax is needed.
         earlier, final = live & ~last, live & last
-        target = torch.cat([Y[earlier], Y[final]])  # (K,)
-        n_earlier = int(earlier.sum())
-        rows = torch.cat([X[earlier], X[final]])  # (K, d)
+        order = scored_order(earlier, final)  # (K,) flat (b, n, t) positions of the scored slots
+        target = Y.reshape(-1)[order]  # (K,)
+        n_earlier = len(order) - int(final.sum())
+        rows = X.reshape(-1, c.d)[order]  # (K, d)
         if self.pointer is None:
-            ce_sum, ce, argmax = linear_cross_entropy(rows, self.readout_matrix(), target, argmax_from=n_earlier)
+            # The argmax of S(T) (last_correct) only in eval mode: the training loop reads only the loss sums.
+            argmax_from = len(order) if self.training else n_earlier
+            ce_sum, ce, argmax = linear_cross_entropy(rows, self.readout_matrix(), target, argmax_from=argmax_from)
         else:
-            ce_sum, ce, argmax = self.copy_path_loss(X, token_ids_full[:, :-1], Y, earlier, final, rows, target)
+            ce_sum, ce, argmax = self.copy_path_loss(X, token_ids_full[:, :-1], Y, order, final, rows, target)
         window_tokens = live.sum()
         loss_sum = ce_sum
         if label_smoothing > 0:
             if self.pointer is not None:
                 raise ValueError("label smoothing is not defined for the copy path's mixture")
             slot = torch.arange(c.n_tokens, device=live.device)[None, :, None].expand_as(live)  # (B, N, T)
-            slots = torch.cat([slot[earlier], slot[final]])  # (K,) token slot n of each row
+            slots = slot.reshape(-1)[order]  # (K,) token slot n of each row
             loss_sum = ce_sum + label_smoothing * self.smoothing_margin(rows, target, slots, smoothing_prior)
         return StepStats(
             loss=loss_sum / window_tokens.clamp(min=1),
             window_ce_sum=ce_sum.detach(),
             window_tokens=window_tokens,
             last_ce_sum=ce[n_earlier:].sum(),
-            last_correct=(argmax == target[n_earlier:]).sum(),
+            last_correct=(argmax == target[len(target) - len(argmax) :]).sum(),
             last_tokens=final.sum(),
         )
 
@@ -194,19 +203,19 @@ class FourTensorModel(PretrainedMixin, nn.Module):
             toward = (M @ prior.T.to(M.dtype)).T[slots]  # (N, d) -> (K, d): rows . (M q_n)
         return (rows * (M.T[target] - toward)).sum()
 
-    def copy_path_loss(self, X, token_ids, Y, earlier, final, rows, target):
+    def copy_path_loss(self, X, token_ids, Y, order, final, rows, target):
         """`training_step`'s loss with the copy path: -log p(target) of the mixture for the K scored rows.
 
-        X (B, N, T, d), token_ids (B, T, N) the input window, Y (B, N, T) targets, earlier / final (B, N, T)
-        the scored slots, rows (K, d) and target (K,) ordered as they are -> (ce_sum, ce (K,), argmax of the
-        final rows' mixture, or -1 in training mode). The mixture's loss runs through a chunked kernel (no (K, V) logits)."""
+        X (B, N, T, d), token_ids (B, T, N) the input window, Y (B, N, T) targets, order (K,) the flat (b, n, t)
+        positions of the scored slots (`scored_order`), final (B, N, T) those of S(T), rows (K, d) and target (K,)
+        ordered as `order` -> (ce_sum, ce (K,), argmax of the final rows' mixture, or -1 in training mode). The
+        mixture's loss runs through a chunked kernel (no (K, V) logits)."""
         B, N, T = Y.shape
         log_gate, log_keep, pointer, key_ids = self.pointer(X, token_ids)
         log_copy = CopyPath.target_log_prob(pointer, key_ids, Y.reshape(B, N * T))
 
         def pick(a: torch.Tensor) -> torch.Tensor:  # (B, NT) -> (K,) in the order of `rows`
-            a = a.view(B, N, T)
-            return torch.cat([a[earlier], a[final]])
+            return a.reshape(-1)[order]
 
         ce_sum, ce = linear_mixture_cross_entropy(
             rows, self.readout_matrix(), target, pick(log_keep), pick(log_gate) + pick(log_copy)
