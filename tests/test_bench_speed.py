@@ -47,3 +47,16 @@ def test_bench_speed_reports_both_precisions_and_the_flop_rate(tmp_path, capsys)
         assert figures[f"rollout_step_ms_batch1_{p}"] > 0
     assert figures["gflop_per_window"] > 0 and figures["cpu"]
     assert "train_windows_per_second_bf16" in capsys.readouterr().out
+
+
+def test_flop_count_includes_in_place_products():
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from world_model.benchmark.speed_worker import IN_PLACE_FLOPS
+
+    C, A, B = torch.zeros(3, 5), torch.ones(3, 4), torch.ones(4, 5)
+    with FlopCounterMode(display=False, custom_mapping=IN_PLACE_FLOPS) as counter:
+        C.addmm_(A, B)
+        torch.mm(A, B, out=C)
+    assert counter.get_total_flops() == 2 * (2 * 3 * 4 * 5)

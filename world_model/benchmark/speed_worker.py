@@ -30,7 +30,7 @@ import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-from torch.utils.flop_counter import FlopCounterMode, addmm_flop, baddbmm_flop
+from torch.utils.flop_counter import FlopCounterMode
 
 import world_model
 from world_model.models.four_tensor import FourTensorModel
@@ -39,8 +39,14 @@ from world_model.models.precision import autocast
 
 aten = torch.ops.aten
 
-# FlopCounterMode counts the out-of-place products; these in-place ones do the same work.
-IN_PLACE_FLOPS = {aten.addmm_: addmm_flop, aten.baddbmm_: baddbmm_flop}
+
+def in_place_addmm_flops(bias_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """FLOPs of C.addmm_(A, B), C (m, n) += A (m, k) @ B (k, n): 2 m k n, as FlopCounterMode counts addmm."""
+    return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+
+
+# FlopCounterMode counts the out-of-place products (and mm's out= form); the in-place addmm_ does the same work.
+IN_PLACE_FLOPS = {aten.addmm_: in_place_addmm_flops}
 
 
 def peak_rss_mib() -> float:

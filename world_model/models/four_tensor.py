@@ -78,18 +78,21 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         self.check_token_ids(token_ids)
         return self._encode(token_ids.long())
 
-    def _encode(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """`encode` for ids the caller has already checked (the training step checks the whole example)."""
+    def _encode(self, token_ids: torch.Tensor, last_slice_only: bool = False) -> torch.Tensor:
+        """`encode` for ids the caller has already checked (the training step checks the whole example). With
+        `last_slice_only` the last layer answers only the queries of the last sentence slot: -> (B, N, 1, d),
+        the same rows as encode(...)[:, :, -1:], with the last layer's other queries and MLP rows never computed."""
         pad_mask = self.build_pad_mask(token_ids)  # local to this call, shared by every layer
         X = self.input_construction(token_ids)  # (B, N, T, d_x, d_t)
         B, N, T = X.shape[:3]
         X = X.reshape(B, N, T, self.config.d)
-        for layer in self.layers:
-            X = layer(X, pad_mask)
+        for i, layer in enumerate(self.layers):
+            X = layer(X, pad_mask, last_slice_only and i == len(self.layers) - 1)
         return self.final_norm(X)
 
     def readout_matrix(self) -> torch.Tensor:
-        """Tied rank-1 readout M (d, V): M[n * d_t + q, v] = E_sem[v, n] * W'[q, v].
+        """Tied rank-1 readout M (d, V): M[n * d_t + q, v] = E_sem[v, n] * W'[q, v], the transpose of a
+        contiguous (V, d) tensor.
 
         Without autograd (evaluation, rollout) M is built once and reused until E_sem or W' change: the
         cache key holds both tensors' storage and version counters, which every in-place update (an
@@ -107,8 +110,10 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         cacheable = not torch.is_grad_enabled()
         if cacheable and self._readout_cache is not None and self._readout_cache[0] == key:
             return self._readout_cache[1]
-        E_T = E_sem.T.contiguous()  # (d_x, V), small; keeps the product below contiguous
-        M = (E_T[:, None, :] * self.W_prime[None, :, :]).view(self.config.d, self.config.vocab_size)  # (d_x d_t, V)
+        # Stored as M.T, (V, d) contiguous: the readout's products read and write it faster in that layout
+        # (the gradient of M is accumulated as (V, d) rows, one per word).
+        M_T = (E_sem[:, :, None] * self.W_prime.T[:, None, :]).view(self.config.vocab_size, self.config.d)
+        M = M_T.T  # (d_x d_t, V)
         self._readout_cache = (key, M) if cacheable else None
         return M
 
@@ -126,8 +131,11 @@ class FourTensorModel(PretrainedMixin, nn.Module):
     def last_slice_logits(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Logits of the next sentence only: (B, T, N) -> (B, N, V), read out from the last sentence slot
         (the copy path's log-probabilities when it is on)."""
-        X = self.encode(token_ids)
-        return self.slice_logits(X, token_ids.long(), X.shape[2] - 1)
+        if self.pointer is not None:  # the copy path points at the final states of every slot
+            X = self.encode(token_ids)
+            return self.slice_logits(X, token_ids.long(), X.shape[2] - 1)
+        self.check_token_ids(token_ids)
+        return self._encode(token_ids.long(), last_slice_only=True)[:, :, 0] @ self.readout_matrix()
 
     def slice_logits(self, X: torch.Tensor, token_ids: torch.Tensor, t: int) -> torch.Tensor:
         """Logits of slice t, which predict sentence t + 1: X (B, N, T, d), token_ids (B, T, N) -> (B, N, V)."""

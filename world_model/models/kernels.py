@@ -99,7 +99,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         ce = X.new_empty(X.shape[0], dtype=acc)  # (K,) per-row cross-entropy
         argmax = torch.empty_like(target[argmax_from:])  # predicted ids of rows argmax_from..K-1
         grad_X = torch.empty_like(X) if needs_grad else None
-        grad_M = torch.empty(M.shape, dtype=acc, device=M.device) if needs_grad else None
+        grad_M = torch.empty_like(M, dtype=acc) if needs_grad else None  # M's strides: products write it directly
         Mc = M if dtype is None else M.to(dtype)  # converted once, not per chunk
         block = readout_block(X, M, chunk, acc)
         with torch.autocast(X.device.type, enabled=False):
@@ -145,7 +145,7 @@ class LinearMixtureCrossEntropy(torch.autograd.Function):
         acc = X.dtype if dtype is None else torch.float32
         ce = X.new_empty(X.shape[0], dtype=acc)
         grad_X = torch.empty_like(X) if needs_grad else None
-        grad_M = torch.empty(M.shape, dtype=acc, device=M.device) if needs_grad else None
+        grad_M = torch.empty_like(M, dtype=acc) if needs_grad else None  # M's strides: products write it directly
         Mc = M if dtype is None else M.to(dtype)
         a, b = a.to(acc), b.to(acc)
         block = readout_block(X, M, chunk, acc)
