@@ -13,7 +13,9 @@ checkouts) take turns in alternating rounds of `--steps` steps, so a change in t
 alike, and the median round is reported. --compare REV_OR_DIR times another checkout the same way: a
 directory holding the project, or a git revision of this repository, checked out into a temporary worktree
 that is removed afterwards; the ratios printed are this checkout over the other (the median of the per-round
-ratios for windows/s, the other's rollout milliseconds over this one's for the rollout).
+ratios for windows/s, the other's rollout milliseconds over this one's for the rollout). Windows per second
+of each worker's CPU time are reported beside those of wall time: with one thread (OMP_NUM_THREADS=1) they
+are the figure least moved by other processes on a shared machine.
 
 The FLOPs of a step are counted once on this checkout with torch's FlopCounterMode (forward and backward,
 every matrix product, in-place ones included, the chunked readout too); the matmul peak is measured here with
@@ -198,10 +200,12 @@ def checkout_to_compare(rev_or_dir: str, stack: contextlib.ExitStack) -> Path:
 
 
 def timed_rounds(workers: dict[str, WorkerProcess], args: argparse.Namespace) -> dict:
-    """{checkout: {precision: [windows/s per round]}} and {checkout: {precision: [rollout ms per round]}}, the
-    checkouts taking turns (the first one alternating), and every precision inside each turn."""
+    """{checkout: {precision: [per round]}} of windows per wall second ("train"), per CPU second of the worker
+    ("train_cpu") and rollout ms ("rollout"), the checkouts taking turns (the first one alternating), and every
+    precision inside each turn; and each worker's peak RSS ("rss")."""
     names = list(workers)
     train = {n: {p: [] for p in args.precisions} for n in names}
+    train_cpu = {n: {p: [] for p in args.precisions} for n in names}
     rollout = {n: {p: [] for p in args.precisions} for n in names}
     rss = {n: 0.0 for n in names}
     for r in range(args.rounds):
@@ -209,13 +213,14 @@ def timed_rounds(workers: dict[str, WorkerProcess], args: argparse.Namespace) ->
             for precision in args.precisions:
                 answer = workers[name].request(op="train", precision=precision, steps=args.steps)
                 train[name][precision].append(answer["windows_per_second"])
+                train_cpu[name][precision].append(answer["windows_per_cpu_second"])
                 rss[name] = max(rss[name], answer["peak_rss_mib"])
     for r in range(args.rounds):
         for name in names if r % 2 == 0 else names[::-1]:
             for precision in args.precisions:
                 answer = workers[name].request(op="rollout", precision=precision, repeats=args.rollout_repeats)
                 rollout[name][precision].append(answer["ms"])
-    return {"train": train, "rollout": rollout, "rss": rss}
+    return {"train": train, "train_cpu": train_cpu, "rollout": rollout, "rss": rss}
 
 
 def precision_figures(rounds: dict[str, list[float]], flops: float, peak: dict[str, float]) -> dict:
@@ -249,6 +254,9 @@ def compare_figures(timings: dict, other: str, args: argparse.Namespace) -> dict
         figures[f"other_train_windows_per_second_{p}_rounds"] = [round(r, 1) for r in theirs]
         figures[f"train_speedup_{p}"] = round(statistics.median(ratios), 3)
         figures[f"train_speedup_{p}_rounds"] = [round(r, 3) for r in ratios]
+        cpu_ratios = [a / b for a, b in zip(timings["train_cpu"]["this"][p], timings["train_cpu"]["other"][p])]
+        figures[f"train_speedup_cpu_time_{p}"] = round(statistics.median(cpu_ratios), 3)
+        figures[f"train_speedup_cpu_time_{p}_rounds"] = [round(r, 3) for r in cpu_ratios]
         mine_ms, theirs_ms = timings["rollout"]["this"][p], timings["rollout"]["other"][p]
         figures[f"other_rollout_step_ms_batch1_{p}"] = round(statistics.median(theirs_ms), 2)
         figures[f"rollout_speedup_{p}"] = round(statistics.median([b / a for a, b in zip(mine_ms, theirs_ms)]), 3)
@@ -271,6 +279,8 @@ def measure(workers: dict[str, WorkerProcess], inputs: dict, args: argparse.Name
         "gflop_per_window": float(f"{flops / 1e9:.4g}"),
     }
     figures.update(precision_figures(timings["train"]["this"], flops, peak))
+    for p in args.precisions:
+        figures[f"train_windows_per_cpu_second_{p}"] = round(statistics.median(timings["train_cpu"]["this"][p]), 1)
     if {"fp32", "bf16"} <= set(args.precisions):
         figures["bf16_speedup"] = round(
             figures["train_windows_per_second_bf16"] / figures["train_windows_per_second_fp32"], 2

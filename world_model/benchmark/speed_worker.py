@@ -9,7 +9,8 @@ INPUTS.pt (torch.save of a dict) holds the model settings, the vocabulary size, 
 one JSON request per stdin line with one JSON line on stdout:
 
     {"op": "hello"}                                 -> {"module": world_model.__file__, "parameters": count}
-    {"op": "train", "precision": p, "steps": n}     -> {"windows_per_second": ..., "peak_rss_mib": ...}
+    {"op": "train", "precision": p, "steps": n}     -> {"windows_per_second": ..., "windows_per_cpu_second": ...,
+                                                        "peak_rss_mib": ...}
     {"op": "rollout", "precision": p, "repeats": n} -> {"ms": median ms of one rollout step at batch 1}
     {"op": "flops"}                                 -> {"flops_per_step": one fp32 step, counted}
     {"op": "profile", "steps": n, "rows": r}        -> {"train": table, "rollout": table}
@@ -76,11 +77,13 @@ class Trainer:
             self.step(precision)
         return counter.get_total_flops()
 
-    def windows_per_second(self, precision: str, steps: int) -> float:
-        start = time.perf_counter()
+    def windows_per_second(self, precision: str, steps: int) -> tuple[float, float]:
+        """Windows per second of wall time and per second of this process's CPU time, over `steps` steps."""
+        wall, cpu = time.perf_counter(), time.process_time()
         for _ in range(steps):
             self.step(precision)
-        return steps * len(self.batches[0]) / (time.perf_counter() - start)
+        windows = steps * len(self.batches[0])
+        return windows / (time.perf_counter() - wall), windows / (time.process_time() - cpu)
 
 
 @torch.no_grad()
@@ -120,7 +123,8 @@ class Worker:
         if precision not in self.warm:  # the first step of a precision pays one-off costs
             self.trainer.step(precision)
             self.warm.add(precision)
-        return {"windows_per_second": self.trainer.windows_per_second(precision, steps), "peak_rss_mib": peak_rss_mib()}
+        wall, cpu = self.trainer.windows_per_second(precision, steps)
+        return {"windows_per_second": wall, "windows_per_cpu_second": cpu, "peak_rss_mib": peak_rss_mib()}
 
     def rollout(self, precision: str, repeats: int) -> dict:
         return {"ms": rollout_step_ms(self.model, self.windows[:1, 1:], precision, repeats)}
