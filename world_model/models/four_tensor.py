@@ -91,8 +91,8 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         return self.final_norm(X)
 
     def readout_matrix(self) -> torch.Tensor:
-        """Tied rank-1 readout M (d, V): M[n * d_t + q, v] = E_sem[v, n] * W'[q, v], the transpose of a
-        contiguous (V, d) tensor.
+        """Tied rank-1 readout M (d, V): M[n * d_t + q, v] = E_sem[v, n] * W'[q, v] (with autograd the transpose
+        of a contiguous (V, d) tensor, without it contiguous).
 
         Without autograd (evaluation, rollout) M is built once and reused until E_sem or W' change: the
         cache key holds both tensors' storage and version counters, which every in-place update (an
@@ -110,10 +110,11 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         cacheable = not torch.is_grad_enabled()
         if cacheable and self._readout_cache is not None and self._readout_cache[0] == key:
             return self._readout_cache[1]
-        # Stored as M.T, (V, d) contiguous: the readout's products read and write it faster in that layout
-        # (the gradient of M is accumulated as (V, d) rows, one per word).
+        # With autograd, M is the transpose of a contiguous (V, d) tensor: the training kernel's products run
+        # fastest in that layout (its gradient is accumulated as (V, d) rows, one per word). The cached M is
+        # contiguous (d, V), the layout in which the product of a few rows (the rollout's) runs fastest.
         M_T = (E_sem[:, :, None] * self.W_prime.T[:, None, :]).view(self.config.vocab_size, self.config.d)
-        M = M_T.T  # (d_x d_t, V)
+        M = M_T.T.contiguous() if cacheable else M_T.T  # (d_x d_t, V)
         self._readout_cache = (key, M) if cacheable else None
         return M
 
