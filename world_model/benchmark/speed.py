@@ -182,6 +182,12 @@ def load_inputs(args: argparse.Namespace) -> dict:
     return {"settings": settings, "vocab_size": vocab_size, "windows": windows, "batch_size": args.batch_size}
 
 
+def display_path(path: Path) -> str:
+    """`path` relative to the repository root when it lies inside it (as committed records name paths)."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
+
+
 def checkout_to_compare(rev_or_dir: str, stack: contextlib.ExitStack) -> Path:
     """The root of the checkout --compare names: the directory itself, or a temporary git worktree of the
     revision (removed when `stack` closes)."""
@@ -262,6 +268,9 @@ def compare_figures(timings: dict, flops: float, peak: dict[str, float], args: a
         figures[f"train_speedup_{p}"] = round(statistics.median(ratios), 3)
         figures[f"train_speedup_{p}_rounds"] = [round(r, 3) for r in ratios]
         cpu_ratios = [a / b for a, b in zip(timings["train_cpu"]["this"][p], timings["train_cpu"]["other"][p])]
+        figures[f"other_train_windows_per_cpu_second_{p}"] = round(
+            statistics.median(timings["train_cpu"]["other"][p]), 1
+        )
         figures[f"train_speedup_cpu_time_{p}"] = round(statistics.median(cpu_ratios), 3)
         figures[f"train_speedup_cpu_time_{p}_rounds"] = [round(r, 3) for r in cpu_ratios]
         mine_ms, theirs_ms = timings["rollout"]["this"][p], timings["rollout"]["other"][p]
@@ -272,11 +281,14 @@ def compare_figures(timings: dict, flops: float, peak: dict[str, float], args: a
 
 def measure(workers: dict[str, WorkerProcess], inputs: dict, args: argparse.Namespace) -> dict:
     """Every figure the command prints, in order."""
+    load_before = os.getloadavg()  # 1, 5 and 15 minute load averages: how busy the machine was
     flops = workers["this"].request(op="flops")["flops_per_step"] / args.batch_size  # the work of a window
     timings = timed_rounds(workers, args)
     peak = timings["peak"]
     figures: dict = {
-        "config": str(args.config),
+        "config": display_path(args.config),
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "vocab_size": inputs["vocab_size"],
         "parameters": workers["this"].parameters,
         "threads": torch.get_num_threads(),
@@ -287,7 +299,10 @@ def measure(workers: dict[str, WorkerProcess], inputs: dict, args: argparse.Name
     }
     figures.update(precision_figures(timings["train"]["this"], flops, peak))
     for p in args.precisions:
-        figures[f"train_windows_per_cpu_second_{p}"] = round(statistics.median(timings["train_cpu"]["this"][p]), 1)
+        per_cpu_second = statistics.median(timings["train_cpu"]["this"][p])
+        figures[f"train_windows_per_cpu_second_{p}"] = round(per_cpu_second, 1)
+        # GFLOP per second of the process's CPU time over the peak: the fraction that descheduling does not dilute
+        figures[f"fraction_of_own_peak_per_cpu_second_{p}"] = round(per_cpu_second * flops / 1e9 / peak[p], 3)
     if {"fp32", "bf16"} <= set(args.precisions):
         figures["bf16_speedup"] = round(
             figures["train_windows_per_second_bf16"] / figures["train_windows_per_second_fp32"], 2
