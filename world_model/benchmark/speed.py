@@ -268,8 +268,10 @@ def compare_figures(timings: dict, flops: float, peak: dict[str, float], args: a
         figures[f"train_speedup_{p}"] = round(statistics.median(ratios), 3)
         figures[f"train_speedup_{p}_rounds"] = [round(r, 3) for r in ratios]
         cpu_ratios = [a / b for a, b in zip(timings["train_cpu"]["this"][p], timings["train_cpu"]["other"][p])]
-        figures[f"other_train_windows_per_cpu_second_{p}"] = round(
-            statistics.median(timings["train_cpu"]["other"][p]), 1
+        other_per_cpu_second = statistics.median(timings["train_cpu"]["other"][p])
+        figures[f"other_train_windows_per_cpu_second_{p}"] = round(other_per_cpu_second, 1)
+        figures[f"other_fraction_of_own_peak_per_cpu_second_{p}"] = round(
+            other_per_cpu_second * flops / 1e9 / peak[p], 3
         )
         figures[f"train_speedup_cpu_time_{p}"] = round(statistics.median(cpu_ratios), 3)
         figures[f"train_speedup_cpu_time_{p}_rounds"] = [round(r, 3) for r in cpu_ratios]
