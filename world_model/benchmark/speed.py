@@ -208,13 +208,14 @@ def checkout_to_compare(rev_or_dir: str, stack: contextlib.ExitStack) -> Path:
 
 def timed_rounds(workers: dict[str, WorkerProcess], args: argparse.Namespace) -> dict:
     """{checkout: {precision: [per round]}} of windows per wall second ("train"), per CPU second of the worker
-    ("train_cpu") and rollout ms ("rollout"), the checkouts taking turns (the first one alternating), and every
-    precision inside each turn; each worker's peak RSS ("rss"); the matmul peak of each precision ("peak", GFLOP/s,
-    the best of one measurement per round)."""
+    ("train_cpu"), rollout ms of wall and CPU time ("rollout", "rollout_cpu"), the checkouts taking turns (the
+    first one alternating), and every precision inside each turn; each worker's peak RSS ("rss"); the matmul peak
+    of each precision ("peak", GFLOP/s, the best of one measurement per round)."""
     names = list(workers)
     train = {n: {p: [] for p in args.precisions} for n in names}
     train_cpu = {n: {p: [] for p in args.precisions} for n in names}
     rollout = {n: {p: [] for p in args.precisions} for n in names}
+    rollout_cpu = {n: {p: [] for p in args.precisions} for n in names}
     rss = {n: 0.0 for n in names}
     peak = {p: 0.0 for p in PRECISIONS}
     for r in range(args.rounds):
@@ -231,7 +232,15 @@ def timed_rounds(workers: dict[str, WorkerProcess], args: argparse.Namespace) ->
             for precision in args.precisions:
                 answer = workers[name].request(op="rollout", precision=precision, repeats=args.rollout_repeats)
                 rollout[name][precision].append(answer["ms"])
-    return {"train": train, "train_cpu": train_cpu, "rollout": rollout, "rss": rss, "peak": peak}
+                rollout_cpu[name][precision].append(answer["cpu_ms"])
+    return {
+        "train": train,
+        "train_cpu": train_cpu,
+        "rollout": rollout,
+        "rollout_cpu": rollout_cpu,
+        "rss": rss,
+        "peak": peak,
+    }
 
 
 def precision_figures(rounds: dict[str, list[float]], flops: float, peak: dict[str, float]) -> dict:
@@ -278,6 +287,11 @@ def compare_figures(timings: dict, flops: float, peak: dict[str, float], args: a
         mine_ms, theirs_ms = timings["rollout"]["this"][p], timings["rollout"]["other"][p]
         figures[f"other_rollout_step_ms_batch1_{p}"] = round(statistics.median(theirs_ms), 2)
         figures[f"rollout_speedup_{p}"] = round(statistics.median([b / a for a, b in zip(mine_ms, theirs_ms)]), 3)
+        mine_cpu, theirs_cpu = timings["rollout_cpu"]["this"][p], timings["rollout_cpu"]["other"][p]
+        figures[f"other_rollout_step_cpu_ms_batch1_{p}"] = round(statistics.median(theirs_cpu), 2)
+        figures[f"rollout_speedup_cpu_time_{p}"] = round(
+            statistics.median([b / a for a, b in zip(mine_cpu, theirs_cpu)]), 3
+        )
     return figures
 
 
@@ -312,6 +326,7 @@ def measure(workers: dict[str, WorkerProcess], inputs: dict, args: argparse.Name
     figures["peak_rss_mib"] = round(timings["rss"]["this"], 1)
     for p in args.precisions:
         figures[f"rollout_step_ms_batch1_{p}"] = round(statistics.median(timings["rollout"]["this"][p]), 2)
+        figures[f"rollout_step_cpu_ms_batch1_{p}"] = round(statistics.median(timings["rollout_cpu"]["this"][p]), 2)
     if "other" in workers:
         figures.update(compare_figures(timings, flops, peak, args))
     return figures

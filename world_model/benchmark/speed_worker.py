@@ -11,7 +11,8 @@ one JSON request per stdin line with one JSON line on stdout:
     {"op": "hello"}                                 -> {"module": world_model.__file__, "parameters": count}
     {"op": "train", "precision": p, "steps": n}     -> {"windows_per_second": ..., "windows_per_cpu_second": ...,
                                                         "peak_rss_mib": ...}
-    {"op": "rollout", "precision": p, "repeats": n} -> {"ms": median ms of one rollout step at batch 1}
+    {"op": "rollout", "precision": p, "repeats": n} -> {"ms": ..., "cpu_ms": ...}: median wall and CPU ms of one
+                                                        rollout step at batch 1
     {"op": "flops"}                                 -> {"flops_per_step": one fp32 step, counted}
     {"op": "profile", "steps": n, "rows": r}        -> {"train": table, "rollout": table}
     {"op": "quit"}
@@ -87,17 +88,19 @@ class Trainer:
 
 
 @torch.no_grad()
-def rollout_step_ms(model: FourTensorModel, window: torch.Tensor, precision: str, repeats: int) -> float:
-    """Median milliseconds of one rollout step (window (1, T, N) -> next state) at batch 1."""
+def rollout_step_ms(model: FourTensorModel, window: torch.Tensor, precision: str, repeats: int) -> tuple[float, float]:
+    """Median milliseconds of one rollout step (window (1, T, N) -> next state) at batch 1: of wall time, and of
+    this process's CPU time."""
     model.eval()
     with autocast(precision, "cpu"):
         model.rollout(window, steps=1)
-        times = []
+        wall, cpu = [], []
         for _ in range(repeats):
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             model.rollout(window, steps=1)
-            times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
+            wall.append((time.perf_counter() - start) * 1000)
+            cpu.append((time.process_time() - start_cpu) * 1000)
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def profile_table(run, rows: int) -> str:
@@ -127,7 +130,8 @@ class Worker:
         return {"windows_per_second": wall, "windows_per_cpu_second": cpu, "peak_rss_mib": peak_rss_mib()}
 
     def rollout(self, precision: str, repeats: int) -> dict:
-        return {"ms": rollout_step_ms(self.model, self.windows[:1, 1:], precision, repeats)}
+        wall, cpu = rollout_step_ms(self.model, self.windows[:1, 1:], precision, repeats)
+        return {"ms": wall, "cpu_ms": cpu}
 
     def profile(self, steps: int, rows: int) -> dict:
         self.trainer.step("fp32")
