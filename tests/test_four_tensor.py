@@ -104,6 +104,24 @@ def test_last_slice_logits_equal_the_full_forward():
     torch.testing.assert_close(model.last_slice_logits(ids), model(ids)[:, :, -1])
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"attention": "reference"},
+        {"temporal_causal": True},
+        {"temporal_causal": True, "attention": "reference"},
+        {"qkv_form": "tucker", "tucker_ranks": (3, 2, 2, 3)},
+    ],
+)
+def test_last_slice_encoding_equals_the_last_slice_of_the_full_encoding(overrides):
+    model = make_model(**overrides)
+    ids = make_window(B=3)
+    ids[1] = 0  # a window of padding only
+    torch.testing.assert_close(model._encode(ids, last_slice_only=True), model.encode(ids)[:, :, -1:])
+    torch.testing.assert_close(model.last_slice_logits(ids), model(ids)[:, :, -1])
+
+
 def test_padding_logit_is_pinned_at_zero():
     model = make_model()
     logits = model(make_window())
@@ -246,6 +264,33 @@ def test_truncated_or_mismatched_checkpoints_get_clear_errors(tmp_path):
         FourTensorModel.from_pretrained(tmp_path / "ckpt")
     with pytest.raises(CheckpointError, match="holds no config.json"):
         FourTensorModel.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("layout", ["rows", "transposed"])
+def test_fused_linear_cross_entropy_in_fp32_equals_the_plain_expression_to_rounding(layout):
+    """fp32, several chunks and a last partial one, M (d, V) stored row-major or as the transpose of (V, d)
+    (the model's layout), no argmax: values and gradients equal autograd's to fp32 rounding."""
+    from world_model.models.kernels import linear_cross_entropy
+
+    g = torch.Generator().manual_seed(3)
+    X0, M0 = torch.randn(300, 32, generator=g), torch.randn(32, 700, generator=g) / 3
+    target = torch.randint(0, 700, (300,), generator=g)
+
+    def leaves():
+        leaf = (M0 if layout == "rows" else M0.T).clone().requires_grad_()
+        return X0.clone().requires_grad_(), leaf, leaf if layout == "rows" else leaf.T
+
+    X, leaf, M = leaves()
+    ce_sum, ce, argmax = linear_cross_entropy(X, M, target, chunk=64, argmax_from=300)
+    (0.01 * ce_sum).backward()
+    X_ref, leaf_ref, M_ref = leaves()
+    expected = F.cross_entropy(X_ref @ M_ref, target, reduction="none")
+    (0.01 * expected.sum()).backward()
+    assert argmax.shape == (0,)
+    torch.testing.assert_close(ce, expected.detach())
+    torch.testing.assert_close(ce_sum, expected.sum())
+    torch.testing.assert_close(X.grad, X_ref.grad)
+    torch.testing.assert_close(leaf.grad, leaf_ref.grad)
 
 
 @pytest.mark.parametrize("rows, chunk, argmax_from", [(37, 8, 0), (37, 128, 0), (37, 8, 13), (37, 8, 37), (0, 8, 0)])

@@ -1,18 +1,31 @@
 """Speed benchmark of the 4-tensor predictor: training windows/s in fp32 and bf16, achieved GFLOP/s against
-this machine's measured matmul peak, peak memory, and the rollout step.
+this machine's measured matmul peak, peak memory, and the rollout step; optionally side by side with another
+checkout of the project, and with the profile's top operators.
 
     python -m world_model.benchmark.speed [--config configs/world_model/cpu.yaml] [--vocab-size 23256]
-                                      [--data DIR] [--steps 20] [--rounds 3] [--json OUT]
+                                      [--data DIR] [--steps 20] [--rounds 3] [--precisions fp32,bf16]
+                                      [--compare REV_OR_DIR] [--profile] [--json OUT]
 
 With --data the vocabulary size and the windows come from the ROCStories folder; otherwise random
-windows with the corpus's padding fraction (0.40) are used. fp32 and bf16 are timed in alternating rounds
-of `--steps` steps (so a change in the machine's load hits both alike) and the median round is reported.
-The FLOPs of a step are counted once with torch's FlopCounterMode (forward and backward, every matrix
-product, the chunked readout included); the matmul peak is measured here with 1024 x 1024 products in fp32
-and in bf16, and each precision's achieved GFLOP/s is reported as a fraction of the larger of the two (the
-most this machine's matrix units do). The CPU's name and the instruction set PyTorch uses are printed: bf16
-is fast only where the CPU multiplies bf16 natively (AMX, AVX512-BF16) or on CUDA. This is a benchmark, not a test:
-the numbers depend on the machine and its load.
+windows with the corpus's padding fraction (0.40) are used. Each checkout is timed in a process of its own
+(`speed_worker.py`, with that checkout first on its path); the precisions (and, with --compare, the two
+checkouts) take turns in alternating rounds of `--steps` steps, so a change in the machine's load hits them
+alike, and the median round is reported. --compare REV_OR_DIR times another checkout the same way: a
+directory holding the project, or a git revision of this repository, checked out into a temporary worktree
+that is removed afterwards; the ratios printed are this checkout over the other (the median of the per-round
+ratios for windows/s, the other's rollout milliseconds over this one's for the rollout). Windows per second
+of each worker's CPU time are reported beside those of wall time: with one thread (OMP_NUM_THREADS=1) they
+are the figure least moved by other processes on a shared machine.
+
+The FLOPs of a step are counted once on this checkout with torch's FlopCounterMode (forward and backward,
+every matrix product, in-place ones included, the chunked readout too); the matmul peak is measured here with
+1024 x 1024 products in fp32 and in bf16 (once a round, in this process, the best round kept), and each
+precision's achieved GFLOP/s is reported as a fraction of its own peak and of the larger of the two (the most
+this machine's matrix units do). The CPU's name, the
+instruction set PyTorch uses and whether the CPU multiplies bf16 natively (AMX, AVX512-BF16) are printed:
+bf16 is fast only there or on CUDA. --profile prints torch.profiler's top operators (self CPU time) of fp32
+training steps and of rollout steps of this checkout. This is a benchmark, not a test: the numbers depend on
+the machine and its load.
 """
 
 from __future__ import annotations
@@ -21,23 +34,26 @@ import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while 
 
 # isort: split
 import argparse
+import contextlib
 import json
-import resource
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 import yaml
-from torch.utils.flop_counter import FlopCounterMode
 
-from world_model.models.four_tensor import FourTensorModel
 from world_model.models.four_tensor_config import FourTensorConfig
-from world_model.models.precision import PRECISIONS, autocast
+from world_model.models.precision import PRECISIONS
 from world_model.utils.cli import add_verbose, run_command
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "world_model" / "cpu.yaml"
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).resolve().with_name("speed_worker.py")
+DEFAULT_CONFIG = ROOT / "configs" / "world_model" / "cpu.yaml"
 
 
 def random_windows(
@@ -52,25 +68,25 @@ def random_windows(
     return ids
 
 
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    info = Path("/proc/cpuinfo")
+    if not info.is_file():
+        return set()
+    line = next((line for line in info.read_text().splitlines() if line.startswith("flags")), "flags:")
+    return set(line.split(":", 1)[1].split())
 
 
 def cpu_capability() -> str:
-    """The vector instruction set PyTorch's CPU kernels use here (e.g. AVX2, AVX512), and the CPU's name."""
-    name = (
-        next(
-            (
-                line.split(":", 1)[1].strip()
-                for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")
-            ),
-            "unknown CPU",
-        )
-        if Path("/proc/cpuinfo").is_file()
-        else "unknown CPU"
-    )
-    return f"{name}, {torch.backends.cpu.get_cpu_capability()}"
+    """The CPU's name, the vector instruction set PyTorch's CPU kernels use here (e.g. AVX2, AVX512), and the
+    native bf16 matrix instructions the CPU has (AMX, AVX512-BF16), or that it has none."""
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.is_file() else []
+    name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown CPU")
+    flags = cpu_flags()
+    native = [label for flag, label in (("amx_bf16", "AMX-BF16"), ("avx512_bf16", "AVX512-BF16")) if flag in flags]
+    bf16 = "native bf16: " + (", ".join(native) if native else "none")
+    return f"{name}, {torch.backends.cpu.get_cpu_capability()}, {bf16}"
 
 
 def matmul_peak_gflops(size: int, dtype: torch.dtype, repeats: int = 5) -> float:
@@ -85,47 +101,38 @@ def matmul_peak_gflops(size: int, dtype: torch.dtype, repeats: int = 5) -> float
     return 2 * size**3 / best / 1e9
 
 
-class Trainer:
-    """One model and optimizer, stepping through `windows` in batches, in a given precision."""
+class WorkerProcess:
+    """A `speed_worker.py` process timing the checkout at `root` (first on its PYTHONPATH)."""
 
-    def __init__(self, model: FourTensorModel, windows: torch.Tensor, batch_size: int):
-        self.model, self.batches = model.train(), windows.split(batch_size)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
-        self.position = 0
+    def __init__(self, root: Path, inputs: Path):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+        self.root = root
+        self.process = subprocess.Popen(
+            [sys.executable, str(WORKER), str(inputs)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=root,
+        )
+        hello = self.request(op="hello")
+        self.module, self.parameters = hello["module"], hello["parameters"]
+        if not Path(self.module).resolve().is_relative_to(root.resolve()):
+            raise RuntimeError(f"the speed worker for {root} imported world_model from {self.module}")
 
-    def step(self, precision: str) -> None:
-        batch = self.batches[self.position % len(self.batches)]
-        self.position += 1
-        with autocast(precision, "cpu"):
-            loss = self.model.training_step(batch).loss
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
+    def request(self, **request) -> dict:
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the speed worker for {self.root} stopped (exit status {self.process.wait()})")
+        return json.loads(line)
 
-    def flops_per_step(self, precision: str) -> int:
-        with FlopCounterMode(display=False) as counter:
-            self.step(precision)
-        return counter.get_total_flops()
-
-    def windows_per_second(self, precision: str, steps: int) -> float:
-        start = time.perf_counter()
-        for _ in range(steps):
-            self.step(precision)
-        return steps * len(self.batches[0]) / (time.perf_counter() - start)
-
-
-@torch.no_grad()
-def rollout_step_ms(model: FourTensorModel, window: torch.Tensor, precision: str, repeats: int) -> float:
-    """Median milliseconds of one rollout step (window (1, T, N) -> next state) at batch 1."""
-    model.eval()
-    with autocast(precision, "cpu"):
-        model.rollout(window, steps=1)
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            model.rollout(window, steps=1)
-            times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.stdin.write(json.dumps({"op": "quit"}) + "\n")
+            self.process.stdin.close()
+            self.process.wait()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -134,26 +141,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--vocab-size", type=int, default=23256, help="vocabulary size when --data is not given")
     parser.add_argument("--data", type=Path, help="ROCStories folder: use its vocabulary and windows")
     parser.add_argument("--steps", type=int, default=20, help="timed training steps per round and precision")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating fp32 / bf16 rounds")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (precisions, checkouts)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--attention", choices=["fused", "reference"], default="fused")
+    parser.add_argument("--precisions", default="fp32,bf16", help="comma-separated subset of fp32,bf16 to time")
     parser.add_argument(
         "--peak-size", type=int, default=1024, help="side of the square products that measure the matmul peak"
     )
-    parser.add_argument("--rollout-repeats", type=int, default=50, help="timed rollout steps per precision")
+    parser.add_argument("--rollout-repeats", type=int, default=50, help="timed rollout steps per round and precision")
+    parser.add_argument("--compare", metavar="REV_OR_DIR", help="also time this checkout of the project, side by side")
+    parser.add_argument("--profile", action="store_true", help="print the top operators of fp32 training and rollout")
+    parser.add_argument("--profile-steps", type=int, default=5, help="training steps (and 20x rollout steps) profiled")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     add_verbose(parser)
     args = parser.parse_args(argv)
-    for name in ("steps", "rounds", "batch_size", "peak_size", "rollout_repeats"):
+    for name in ("steps", "rounds", "batch_size", "peak_size", "rollout_repeats", "profile_steps"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    args.precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    if not args.precisions or any(p not in PRECISIONS for p in args.precisions):
+        parser.error(f"--precisions must name some of {', '.join(PRECISIONS)}, got {','.join(args.precisions)!r}")
+    if not args.config.is_file():
+        parser.error(f"--config {args.config} is not a file")
     return args
 
 
-def load_inputs(args: argparse.Namespace) -> tuple[dict, int, torch.Tensor]:
-    """(the preset's FourTensorConfig settings, the vocabulary size, the (count, T+1, N) windows to train on)."""
+def load_inputs(args: argparse.Namespace) -> dict:
+    """What a worker builds its model from: the preset's FourTensorConfig settings, the vocabulary size, the
+    (count, T+1, N) windows to train on, the batch size."""
     section = yaml.safe_load(args.config.read_text())["model"]
     settings = {k: v for k, v in section.items() if k in FourTensorConfig.__dataclass_fields__ and k != "vocab_size"}
+    settings["attention"] = args.attention
     if args.data is not None:
         from world_model.data.rocstories import build_vocabulary, encode_windows, load_corpus
 
@@ -166,81 +184,187 @@ def load_inputs(args: argparse.Namespace) -> tuple[dict, int, torch.Tensor]:
         windows = random_windows(
             args.batch_size * args.steps, vocab_size, settings.get("n_states", 4), settings.get("n_tokens", 16), 0.40
         )
-    return settings, vocab_size, windows
+    return {"settings": settings, "vocab_size": vocab_size, "windows": windows, "batch_size": args.batch_size}
+
+
+def display_path(path: Path) -> str:
+    """`path` relative to the repository root when it lies inside it (as committed records name paths)."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
+
+
+def checkout_to_compare(rev_or_dir: str, stack: contextlib.ExitStack) -> Path:
+    """The root of the checkout --compare names: the directory itself, or a temporary git worktree of the
+    revision (removed when `stack` closes)."""
+    path = Path(rev_or_dir)
+    if path.is_dir():
+        if not (path / "world_model" / "__init__.py").is_file():
+            raise SystemExit(f"--compare {rev_or_dir}: the directory holds no world_model package")
+        return path.resolve()
+    git = ["git", "-C", str(ROOT)]
+    found = subprocess.run([*git, "rev-parse", "--verify", "--quiet", f"{rev_or_dir}^{{commit}}"], capture_output=True)
+    if found.returncode != 0:
+        raise SystemExit(f"--compare {rev_or_dir}: neither a directory nor a git revision of {ROOT}")
+    folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="speed-compare-"))) / "checkout"
+    subprocess.run([*git, "worktree", "add", "--detach", str(folder), rev_or_dir], check=True, capture_output=True)
+    stack.callback(subprocess.run, [*git, "worktree", "remove", "--force", str(folder)], capture_output=True)
+    return folder
+
+
+def timed_rounds(workers: dict[str, WorkerProcess], args: argparse.Namespace) -> dict:
+    """{checkout: {precision: [per round]}} of windows per wall second ("train"), per CPU second of the worker
+    ("train_cpu"), rollout ms of wall and CPU time ("rollout", "rollout_cpu"), the checkouts taking turns (the
+    first one alternating), and every precision inside each turn; each worker's peak RSS ("rss"); the matmul peak
+    of each precision ("peak", GFLOP/s, the best of one measurement per round)."""
+    names = list(workers)
+    train = {n: {p: [] for p in args.precisions} for n in names}
+    train_cpu = {n: {p: [] for p in args.precisions} for n in names}
+    rollout = {n: {p: [] for p in args.precisions} for n in names}
+    rollout_cpu = {n: {p: [] for p in args.precisions} for n in names}
+    rss = {n: 0.0 for n in names}
+    peak = {p: 0.0 for p in PRECISIONS}
+    for r in range(args.rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            for precision in args.precisions:
+                answer = workers[name].request(op="train", precision=precision, steps=args.steps)
+                train[name][precision].append(answer["windows_per_second"])
+                train_cpu[name][precision].append(answer["windows_per_cpu_second"])
+                rss[name] = max(rss[name], answer["peak_rss_mib"])
+        for p in PRECISIONS:  # once a round, the best of them: a busy moment of the machine lowers one round's
+            peak[p] = max(peak[p], matmul_peak_gflops(args.peak_size, torch.float32 if p == "fp32" else torch.bfloat16))
+    for r in range(args.rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            for precision in args.precisions:
+                answer = workers[name].request(op="rollout", precision=precision, repeats=args.rollout_repeats)
+                rollout[name][precision].append(answer["ms"])
+                rollout_cpu[name][precision].append(answer["cpu_ms"])
+    return {
+        "train": train,
+        "train_cpu": train_cpu,
+        "rollout": rollout,
+        "rollout_cpu": rollout_cpu,
+        "rss": rss,
+        "peak": peak,
+    }
 
 
 def precision_figures(rounds: dict[str, list[float]], flops: float, peak: dict[str, float]) -> dict:
     """Per precision: windows/s (median round, and every round), achieved GFLOP/s, the matmul peak, and the
-    fraction of the larger peak (the most this machine's matrix units do, in either dtype)."""
+    fraction of its own peak and of the larger peak (the most this machine's matrix units do, in either dtype)."""
     best_peak = max(peak.values())
     figures = {}
-    for p in PRECISIONS:
-        per_second = statistics.median(rounds[p])
+    for p, per_round in rounds.items():
+        per_second = statistics.median(per_round)
         achieved = per_second * flops / 1e9
         figures.update(
             {
                 f"train_windows_per_second_{p}": round(per_second, 1),
-                f"train_windows_per_second_{p}_rounds": [round(r, 1) for r in rounds[p]],
+                f"train_windows_per_second_{p}_rounds": [round(r, 1) for r in per_round],
                 f"achieved_gflops_{p}": round(achieved, 1),
                 f"matmul_peak_gflops_{p}": round(peak[p], 1),
+                f"fraction_of_own_peak_{p}": round(achieved / peak[p], 3),
                 f"fraction_of_machine_peak_{p}": round(achieved / best_peak, 3),
             }
         )
     return figures
 
 
-def measure(model: FourTensorModel, windows: torch.Tensor, vocab_size: int, args: argparse.Namespace) -> dict:
+def compare_figures(timings: dict, flops: float, peak: dict[str, float], args: argparse.Namespace) -> dict:
+    """The other checkout's windows/s, fraction of the matmul peak (at this checkout's FLOPs per window, the same
+    function) and rollout ms, and this checkout's ratios to them (> 1: this is faster)."""
+    figures: dict = {"compared_with": args.compare}
+    for p in args.precisions:
+        mine, theirs = timings["train"]["this"][p], timings["train"]["other"][p]
+        ratios = [a / b for a, b in zip(mine, theirs)]
+        figures[f"other_train_windows_per_second_{p}"] = round(statistics.median(theirs), 1)
+        figures[f"other_fraction_of_own_peak_{p}"] = round(statistics.median(theirs) * flops / 1e9 / peak[p], 3)
+        figures[f"other_train_windows_per_second_{p}_rounds"] = [round(r, 1) for r in theirs]
+        figures[f"train_speedup_{p}"] = round(statistics.median(ratios), 3)
+        figures[f"train_speedup_{p}_rounds"] = [round(r, 3) for r in ratios]
+        cpu_ratios = [a / b for a, b in zip(timings["train_cpu"]["this"][p], timings["train_cpu"]["other"][p])]
+        other_per_cpu_second = statistics.median(timings["train_cpu"]["other"][p])
+        figures[f"other_train_windows_per_cpu_second_{p}"] = round(other_per_cpu_second, 1)
+        figures[f"other_fraction_of_own_peak_per_cpu_second_{p}"] = round(
+            other_per_cpu_second * flops / 1e9 / peak[p], 3
+        )
+        figures[f"train_speedup_cpu_time_{p}"] = round(statistics.median(cpu_ratios), 3)
+        figures[f"train_speedup_cpu_time_{p}_rounds"] = [round(r, 3) for r in cpu_ratios]
+        mine_ms, theirs_ms = timings["rollout"]["this"][p], timings["rollout"]["other"][p]
+        figures[f"other_rollout_step_ms_batch1_{p}"] = round(statistics.median(theirs_ms), 2)
+        figures[f"rollout_speedup_{p}"] = round(statistics.median([b / a for a, b in zip(mine_ms, theirs_ms)]), 3)
+        mine_cpu, theirs_cpu = timings["rollout_cpu"]["this"][p], timings["rollout_cpu"]["other"][p]
+        figures[f"other_rollout_step_cpu_ms_batch1_{p}"] = round(statistics.median(theirs_cpu), 2)
+        figures[f"rollout_speedup_cpu_time_{p}"] = round(
+            statistics.median([b / a for a, b in zip(mine_cpu, theirs_cpu)]), 3
+        )
+    return figures
+
+
+def measure(workers: dict[str, WorkerProcess], inputs: dict, args: argparse.Namespace) -> dict:
     """Every figure the command prints, in order."""
-    trainer = Trainer(model, windows, args.batch_size)
-    rss_before = peak_rss_mib()
-    flops = trainer.flops_per_step("fp32") / args.batch_size  # the work of a window, the same in either precision
-    trainer.step("bf16")  # warm-up of the bf16 kernels
-    rounds: dict[str, list[float]] = {p: [] for p in PRECISIONS}
-    for _ in range(args.rounds):
-        for precision in PRECISIONS:
-            rounds[precision].append(trainer.windows_per_second(precision, args.steps))
-    peak = {p: matmul_peak_gflops(args.peak_size, torch.float32 if p == "fp32" else torch.bfloat16) for p in PRECISIONS}
+    load_before = os.getloadavg()  # 1, 5 and 15 minute load averages: how busy the machine was
+    flops = workers["this"].request(op="flops")["flops_per_step"] / args.batch_size  # the work of a window
+    timings = timed_rounds(workers, args)
+    peak = timings["peak"]
     figures: dict = {
-        "config": str(args.config),
-        "vocab_size": vocab_size,
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "config": display_path(args.config),
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "vocab_size": inputs["vocab_size"],
+        "parameters": workers["this"].parameters,
         "threads": torch.get_num_threads(),
         "cpu": cpu_capability(),
         "attention": args.attention,
         "batch_size": args.batch_size,
         "gflop_per_window": float(f"{flops / 1e9:.4g}"),
     }
-    figures.update(precision_figures(rounds, flops, peak))
-    figures["bf16_speedup"] = round(
-        figures["train_windows_per_second_bf16"] / figures["train_windows_per_second_fp32"], 2
-    )
-    figures["peak_rss_mib"] = round(peak_rss_mib(), 1)
-    figures["peak_rss_growth_during_training_mib"] = round(peak_rss_mib() - rss_before, 1)
-    for p in PRECISIONS:
-        figures[f"rollout_step_ms_batch1_{p}"] = round(
-            rollout_step_ms(model, windows[:1, 1:], p, repeats=args.rollout_repeats), 2
+    figures.update(precision_figures(timings["train"]["this"], flops, peak))
+    for p in args.precisions:
+        per_cpu_second = statistics.median(timings["train_cpu"]["this"][p])
+        figures[f"train_windows_per_cpu_second_{p}"] = round(per_cpu_second, 1)
+        # GFLOP per second of the process's CPU time over the peak: the fraction that descheduling does not dilute
+        figures[f"fraction_of_own_peak_per_cpu_second_{p}"] = round(per_cpu_second * flops / 1e9 / peak[p], 3)
+    if {"fp32", "bf16"} <= set(args.precisions):
+        figures["bf16_speedup"] = round(
+            figures["train_windows_per_second_bf16"] / figures["train_windows_per_second_fp32"], 2
         )
+    figures["peak_rss_mib"] = round(timings["rss"]["this"], 1)
+    for p in args.precisions:
+        figures[f"rollout_step_ms_batch1_{p}"] = round(statistics.median(timings["rollout"]["this"][p]), 2)
+        figures[f"rollout_step_cpu_ms_batch1_{p}"] = round(statistics.median(timings["rollout_cpu"]["this"][p]), 2)
+    if "other" in workers:
+        figures.update(compare_figures(timings, flops, peak, args))
     return figures
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    return run_command(lambda: time_model(args), verbose=args.verbose)
+    return run_command(lambda: time_checkouts(args), verbose=args.verbose)
 
 
-def time_model(args: argparse.Namespace) -> None:
-    """The command's work: build the model, time it, print (and write) the figures."""
-    settings, vocab_size, windows = load_inputs(args)
-    fill = torch.utils.deterministic.fill_uninitialized_memory
-    torch.utils.deterministic.fill_uninitialized_memory = False  # as in training; restored below
-    torch.manual_seed(0)
-    model = FourTensorModel(FourTensorConfig(vocab_size=vocab_size, **{**settings, "attention": args.attention}))
-    figures = measure(model, windows, vocab_size, args)
-    for key, value in figures.items():
-        print(f"{key:>42}: {value}")
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
-    torch.utils.deterministic.fill_uninitialized_memory = fill
+def time_checkouts(args: argparse.Namespace) -> None:
+    """The command's work: time this checkout (and `--compare`'s) in worker processes, print (and write) the
+    figures, and the profile's top operators with `--profile`."""
+    inputs = load_inputs(args)
+    with contextlib.ExitStack() as stack:
+        roots = {"this": ROOT}
+        if args.compare:
+            roots["other"] = checkout_to_compare(args.compare, stack)
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="speed-inputs-")))
+        torch.save(inputs, folder / "inputs.pt")
+        workers = {}
+        for name, root in roots.items():
+            workers[name] = WorkerProcess(root, folder / "inputs.pt")
+            stack.callback(workers[name].close)
+        figures = measure(workers, inputs, args)
+        for key, value in figures.items():
+            print(f"{key:>42}: {value}")
+        if args.json:
+            args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        if args.profile:
+            tables = workers["this"].request(op="profile", steps=args.profile_steps, rows=15)
+            print(f"\nfp32 training, {args.profile_steps} steps:\n{tables['train']}")
+            print(f"rollout at batch 1, {20 * args.profile_steps} steps:\n{tables['rollout']}")
 
 
 if __name__ == "__main__":

@@ -44,8 +44,14 @@ class StepStats(NamedTuple):
     window_ce_sum: torch.Tensor  # summed cross-entropy over the same targets
     window_tokens: torch.Tensor  # their count
     last_ce_sum: torch.Tensor  # summed cross-entropy over the non-padding tokens of S(T)
-    last_correct: torch.Tensor  # argmax matches on those tokens (0 in training mode with the copy path, which skips it)
+    last_correct: torch.Tensor  # argmax matches on those tokens (eval mode; 0 in training mode, which skips the argmax)
     last_tokens: torch.Tensor  # their count
+
+
+def scored_order(earlier: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
+    """Flat (b, n, t) positions of the scored slots, those of S(1..T-1) first, then those of S(T): earlier and
+    final (B, N, T) boolean -> (K,) int64, each group in row-major order (as boolean indexing orders them)."""
+    return torch.cat([earlier.reshape(-1).nonzero()[:, 0], final.reshape(-1).nonzero()[:, 0]])
 
 
 class FourTensorModel(PretrainedMixin, nn.Module):
@@ -80,18 +86,21 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         self.check_token_ids(token_ids)
         return self._encode(token_ids.long())
 
-    def _encode(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """`encode` for ids the caller has already checked (the training step checks the whole example)."""
+    def _encode(self, token_ids: torch.Tensor, last_slice_only: bool = False) -> torch.Tensor:
+        """`encode` for ids the caller has already checked (the training step checks the whole example). With
+        `last_slice_only` the last layer answers only the queries of the last sentence slot: -> (B, N, 1, d),
+        the same rows as encode(...)[:, :, -1:], with the last layer's other queries and MLP rows never computed."""
         pad_mask = self.build_pad_mask(token_ids)  # local to this call, shared by every layer
         X = self.input_construction(token_ids)  # (B, N, T, d_x, d_t)
         B, N, T = X.shape[:3]
         X = X.reshape(B, N, T, self.config.d)
-        for layer in self.layers:
-            X = layer(X, pad_mask)
+        for i, layer in enumerate(self.layers):
+            X = layer(X, pad_mask, last_slice_only and i == len(self.layers) - 1)
         return self.final_norm(X)
 
     def readout_matrix(self) -> torch.Tensor:
-        """Tied rank-1 readout M (d, V): M[n * d_t + q, v] = E_sem[v, n] * W'[q, v].
+        """Tied rank-1 readout M (d, V): M[n * d_t + q, v] = E_sem[v, n] * W'[q, v] (with autograd the transpose
+        of a contiguous (V, d) tensor, without it contiguous).
 
         Without autograd (evaluation, rollout) M is built once and reused until E_sem or W' change: the
         cache key holds both tensors' storage and version counters, which every in-place update (an
@@ -109,8 +118,11 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         cacheable = not torch.is_grad_enabled()
         if cacheable and self._readout_cache is not None and self._readout_cache[0] == key:
             return self._readout_cache[1]
-        E_T = E_sem.T.contiguous()  # (d_x, V), small; keeps the product below contiguous
-        M = (E_T[:, None, :] * self.W_prime[None, :, :]).view(self.config.d, self.config.vocab_size)  # (d_x d_t, V)
+        # With autograd, M is the transpose of a contiguous (V, d) tensor: the training kernel's products run
+        # fastest in that layout (its gradient is accumulated as (V, d) rows, one per word). The cached M is
+        # contiguous (d, V), the layout in which the product of a few rows (the rollout's) runs fastest.
+        M_T = (E_sem[:, :, None] * self.W_prime.T[:, None, :]).view(self.config.vocab_size, self.config.d)
+        M = M_T.T.contiguous() if cacheable else M_T.T  # (d_x d_t, V)
         self._readout_cache = (key, M) if cacheable else None
         return M
 
@@ -128,8 +140,11 @@ class FourTensorModel(PretrainedMixin, nn.Module):
     def last_slice_logits(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Logits of the next sentence only: (B, T, N) -> (B, N, V), read out from the last sentence slot
         (the copy path's log-probabilities when it is on)."""
-        X = self.encode(token_ids)
-        return self.slice_logits(X, token_ids.long(), X.shape[2] - 1)
+        if self.pointer is not None:  # the copy path points at the final states of every slot
+            X = self.encode(token_ids)
+            return self.slice_logits(X, token_ids.long(), X.shape[2] - 1)
+        self.check_token_ids(token_ids)
+        return self._encode(token_ids.long(), last_slice_only=True)[:, :, 0] @ self.readout_matrix()
 
     def slice_logits(self, X: torch.Tensor, token_ids: torch.Tensor, t: int) -> torch.Tensor:
         """Logits of slice t, which predict sentence t + 1: X (B, N, T, d), token_ids (B, T, N) -> (B, N, V)."""
@@ -164,27 +179,30 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         # Readout only on slots with a target, fused with the cross-entropy (no (K, V) logits kept).
         # Rows of S(1..T-1) come first and those of S(T) last, the only ones whose argmax is needed.
         earlier, final = live & ~last, live & last
-        target = torch.cat([Y[earlier], Y[final]])  # (K,)
-        n_earlier = int(earlier.sum())
-        rows = torch.cat([X[earlier], X[final]])  # (K, d)
+        order = scored_order(earlier, final)  # (K,) flat (b, n, t) positions of the scored slots
+        target = Y.reshape(-1)[order]  # (K,)
+        n_earlier = len(order) - int(final.sum())
+        rows = X.reshape(-1, c.d)[order]  # (K, d)
         if self.pointer is None:
-            ce_sum, ce, argmax = linear_cross_entropy(rows, self.readout_matrix(), target, argmax_from=n_earlier)
+            # The argmax of S(T) (last_correct) only in eval mode: the training loop reads only the loss sums.
+            argmax_from = len(order) if self.training else n_earlier
+            ce_sum, ce, argmax = linear_cross_entropy(rows, self.readout_matrix(), target, argmax_from=argmax_from)
         else:
-            ce_sum, ce, argmax = self.copy_path_loss(X, token_ids_full[:, :-1], Y, earlier, final, rows, target)
+            ce_sum, ce, argmax = self.copy_path_loss(X, token_ids_full[:, :-1], Y, order, final, rows, target)
         window_tokens = live.sum()
         loss_sum = ce_sum
         if label_smoothing > 0:
             if self.pointer is not None:
                 raise ValueError("label smoothing is not defined for the copy path's mixture")
             slot = torch.arange(c.n_tokens, device=live.device)[None, :, None].expand_as(live)  # (B, N, T)
-            slots = torch.cat([slot[earlier], slot[final]])  # (K,) token slot n of each row
+            slots = slot.reshape(-1)[order]  # (K,) token slot n of each row
             loss_sum = ce_sum + label_smoothing * self.smoothing_margin(rows, target, slots, smoothing_prior)
         return StepStats(
             loss=loss_sum / window_tokens.clamp(min=1),
             window_ce_sum=ce_sum.detach(),
             window_tokens=window_tokens,
             last_ce_sum=ce[n_earlier:].sum(),
-            last_correct=(argmax == target[n_earlier:]).sum(),
+            last_correct=(argmax == target[len(target) - len(argmax) :]).sum(),
             last_tokens=final.sum(),
         )
 
@@ -202,19 +220,19 @@ class FourTensorModel(PretrainedMixin, nn.Module):
             toward = (M @ prior.T.to(M.dtype)).T[slots]  # (N, d) -> (K, d): rows . (M q_n)
         return (rows * (M.T[target] - toward)).sum()
 
-    def copy_path_loss(self, X, token_ids, Y, earlier, final, rows, target):
+    def copy_path_loss(self, X, token_ids, Y, order, final, rows, target):
         """`training_step`'s loss with the copy path: -log p(target) of the mixture for the K scored rows.
 
-        X (B, N, T, d), token_ids (B, T, N) the input window, Y (B, N, T) targets, earlier / final (B, N, T)
-        the scored slots, rows (K, d) and target (K,) ordered as they are -> (ce_sum, ce (K,), argmax of the
-        final rows' mixture, or -1 in training mode). The mixture's loss runs through a chunked kernel (no (K, V) logits)."""
+        X (B, N, T, d), token_ids (B, T, N) the input window, Y (B, N, T) targets, order (K,) the flat (b, n, t)
+        positions of the scored slots (`scored_order`), final (B, N, T) those of S(T), rows (K, d) and target (K,)
+        ordered as `order` -> (ce_sum, ce (K,), argmax of the final rows' mixture, or -1 in training mode). The
+        mixture's loss runs through a chunked kernel (no (K, V) logits)."""
         B, N, T = Y.shape
         log_gate, log_keep, pointer, key_ids = self.pointer(X, token_ids)
         log_copy = CopyPath.target_log_prob(pointer, key_ids, Y.reshape(B, N * T))
 
         def pick(a: torch.Tensor) -> torch.Tensor:  # (B, NT) -> (K,) in the order of `rows`
-            a = a.view(B, N, T)
-            return torch.cat([a[earlier], a[final]])
+            return a.reshape(-1)[order]
 
         ce_sum, ce = linear_mixture_cross_entropy(
             rows, self.readout_matrix(), target, pick(log_keep), pick(log_gate) + pick(log_copy)

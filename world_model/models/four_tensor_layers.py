@@ -208,18 +208,23 @@ class FourTensorAttention(nn.Module):
             scores = scores.masked_fill(keys_pad, torch.finfo(scores.dtype).min)  # key axes only
         return scores.softmax(dim=-1).view(B, self.n_heads, N, T, N, T)
 
-    def forward(self, X: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
-        """X (B, N, T, d) normalised stream, pad_mask (B, N, T) True at padding -> (B, N, T, d)."""
+    def forward(self, X: torch.Tensor, pad_mask: torch.Tensor, last_slice_only: bool = False) -> torch.Tensor:
+        """X (B, N, T, d) normalised stream, pad_mask (B, N, T) True at padding -> (B, N, T, d); with
+        `last_slice_only` only the queries of the last sentence slot t = T-1 are answered -> (B, N, 1, d)."""
         B, N, T, d = X.shape
         q, k, v = self.qkv(X.reshape(B, N * T, d))
         if self.last_slice_probe is not None:
             last = q[:, :, T - 1 :: T]  # (B, H, N, d): flat positions x * T + t with t = T - 1
             self.last_slice_probe.append((last @ k.mT, pad_mask))
+        T_out = 1 if last_slice_only else T
+        if last_slice_only:
+            q = q.reshape(B, self.n_heads, N, T, d)[:, :, :, -1]  # (B, H, N, d): flat rows x * T + T - 1
         if self.causal and self.fused:
             # Every query keeps at least one open key (temporal_causal_bias), so the fused kernel is exact.
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=temporal_causal_bias(pad_mask, q.dtype), scale=self.scale
-            )
+            bias = temporal_causal_bias(pad_mask, q.dtype)
+            if last_slice_only:
+                bias = bias[:, :, T - 1 :: T]
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=self.scale)
         elif self.fused:
             # Additive bias of the finite minimum: the same function as masked_fill wherever a key is live,
             # since score + finfo.min rounds to finfo.min. A window whose keys are all padding gets the
@@ -230,11 +235,14 @@ class FourTensorAttention(nn.Module):
             bias = torch.zeros(keys_pad.shape, dtype=q.dtype, device=q.device)
             bias = bias.masked_fill(keys_pad & ~all_pad, torch.finfo(q.dtype).min)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=self.scale)
-            y = torch.where(all_pad, v.mean(dim=-2, keepdim=True), y)
+            if all_pad.device.type != "cpu" or bool(all_pad.any()):  # on CPU only then: it costs a pass over y
+                y = torch.where(all_pad, v.mean(dim=-2, keepdim=True), y)
         else:
             A = self.attention_weights(X, pad_mask).view(B, self.n_heads, N * T, N * T)
-            y = A @ v  # (B, H, NT, d)
-        return y.sum(dim=1).view(B, N, T, d)  # heads summed, no 1/sqrt(H), no output projection
+            if last_slice_only:
+                A = A[:, :, T - 1 :: T]
+            y = A @ v  # (B, H, NT or N, d)
+        return y.sum(dim=1).view(B, N, T_out, d)  # heads summed, no 1/sqrt(H), no output projection
 
 
 class FourTensorLayer(nn.Module):
@@ -249,6 +257,9 @@ class FourTensorLayer(nn.Module):
         self.fc2 = nn.Linear(config.d_ff, config.d)
         self.dropout = nn.Dropout(config.dropout)  # one rate, both residual branches
 
-    def forward(self, X: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
-        X = X + self.dropout(self.attention(self.ln_attn(X), pad_mask))
+    def forward(self, X: torch.Tensor, pad_mask: torch.Tensor, last_slice_only: bool = False) -> torch.Tensor:
+        """X (B, N, T, d), pad_mask (B, N, T) -> (B, N, T, d); with `last_slice_only` the layer's output at the
+        last sentence slot only, (B, N, 1, d) (its keys and values still come from every slot)."""
+        attended = self.attention(self.ln_attn(X), pad_mask, last_slice_only)
+        X = (X[:, :, -1:] if last_slice_only else X) + self.dropout(attended)
         return X + self.dropout(self.fc2(F.gelu(self.fc1(self.ln_mlp(X)))))
