@@ -30,7 +30,7 @@ from pipeline.components import load_predictor, load_readout
 from pipeline.presets import PROJECT_ROOT
 from pipeline.rollout import predict
 from world_model.models.generation_config import GenerationConfig
-from world_model.text.windows import caption_window
+from world_model.text.windows import caption_states, caption_window
 
 OFFLINE = PROJECT_ROOT / "offline_pack" / "predictor"
 ROCSTORIES = PROJECT_ROOT / "world_model" / "pretrained" / "rocstories-cpu"
@@ -56,7 +56,8 @@ def time_predict(folder: Path, readout_kind: str, sentences: list[str], steps: i
     predictor = load_predictor(str(folder), "cpu")
     readout = load_readout(str(folder), "cpu", readout_kind)
     c = predictor.model.config
-    window = caption_window(sentences, predictor.vocab, c.n_states, c.n_tokens)
+    states = caption_states(sentences)
+    window = caption_window([s.caption for s in states], predictor.vocab, c.n_states, c.n_tokens)
     settings = {flag: replace(GenerationConfig(), explanations=flag) for flag in (False, True)}
     order = random.Random(0)
     pairs = []
@@ -65,7 +66,7 @@ def time_predict(folder: Path, readout_kind: str, sentences: list[str], steps: i
             seconds = {}
             for flag in order.sample([False, True], 2):
                 start = time.process_time()
-                predict(predictor, readout, window, len(sentences), steps, settings[flag], "cpu")
+                predict(predictor, readout, window, states, steps, settings[flag], "cpu")
                 seconds[flag] = time.process_time() - start
             if k:  # the first pair warms caches up
                 pairs.append((seconds[False], seconds[True]))
