@@ -19,7 +19,9 @@ Measures, for one predicted sentence per context:
   (the token accuracy of L_S(4), for the chosen sentence);
 - exact: the prediction is the true sentence; `in_bank` counts contexts whose true sentence is in the bank;
 - repeats: over a 5-step rollout, the share of rollouts that predict a sentence already in the window or
-  predicted before.
+  predicted before;
+- restated: the share of predictions that restate a context sentence (70% or more of their distinct content words
+  in one of them, `world_model.evaluation.coherence.restates`), beside the true next sentences' own share.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pathlib import Path
 import torch
 
 from world_model.data.rocstories import encode_windows, load_corpus
+from world_model.evaluation.coherence import restatement_rate
 from world_model.generation.sentence_bank import (
     LENGTH_POWER,
     SentenceBank,
@@ -104,8 +107,10 @@ def one_step_measures(
     grams: dict[int, set],
     bank: SentenceBank | None,
     common: frozenset[str] = frozenset(),
+    context: torch.Tensor | None = None,
 ) -> dict:
-    """Shares over contexts of predicted states (S, N) against the true ones (S, N)."""
+    """Shares over contexts of predicted states (S, N) against the true ones (S, N); with the context windows
+    (S, T, N) also the share of predictions that restate one of their context sentences."""
     pred_tokens = [tokenize(vocab.decode(row)) for row in predicted]
     true_tokens = [tokenize(vocab.decode(row)) for row in true]
     live = true != PAD_ID
@@ -121,6 +126,9 @@ def one_step_measures(
         "exact": float(exact.float().mean()),
         "mean_tokens": sum(map(len, pred_tokens)) / len(pred_tokens),
     }
+    if context is not None:
+        sentences = [[tokenize(vocab.decode(row)) for row in window] for window in context]
+        result["restated"] = restatement_rate(pred_tokens, sentences, common)
     if bank is not None:
         in_bank = torch.isin((true * bank.hash_weights).sum(dim=1), bank.hashes)  # hash match; exact below
         in_bank &= torch.tensor(
@@ -177,7 +185,7 @@ def evaluate(
         _, single = timed(lambda r=readout: [predict(model, w, r, vocab, bank) for w in singles])
         results[name] = {
             **readout,
-            **one_step_measures(predicted, true, vocab, grams, bank, common),
+            **one_step_measures(predicted, true, vocab, grams, bank, common, windows),
             "ms_per_prediction_batched": round(1000 * seconds / len(windows), 2),
             "ms_per_prediction_one_at_a_time": round(1000 * single / len(singles), 2),
         }
@@ -195,8 +203,8 @@ def evaluate(
     generator = torch.Generator().manual_seed(0)
     if bank is not None:  # a floor: a random bank sentence for every context
         random_rows = bank.candidates[torch.randint(len(bank.candidates), (len(windows),), generator=generator)]
-        results["random bank sentence"] = one_step_measures(random_rows, true, vocab, grams, None, common)
-    results["true next sentence"] = one_step_measures(true, true, vocab, grams, None, common)
+        results["random bank sentence"] = one_step_measures(random_rows, true, vocab, grams, None, common, windows)
+    results["true next sentence"] = one_step_measures(true, true, vocab, grams, None, common, windows)
     return results
 
 
@@ -245,9 +253,10 @@ def markdown(title: str, command: str, results: dict, examples: list[dict] | Non
         command,
         "```",
         "",
-        "| readout | well-formed (bigrams / trigrams) | word F1 | content-word F1 | slot accuracy | exact | mean tokens | "
-        "true in bank | retrieved when in bank | ms / prediction (batched / one) | 5-step rollouts with a repeat |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| readout | well-formed (bigrams / trigrams) | word F1 | content-word F1 | restated | slot accuracy | exact | "
+        "mean tokens | true in bank | retrieved when in bank | ms / prediction (batched / one) | "
+        "5-step rollouts with a repeat |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in results.items():
         formed = f"{cell(r, 'well_formed_2grams')} / {cell(r, 'well_formed_3grams')}" if "word_f1" in r else ""
@@ -260,6 +269,7 @@ def markdown(title: str, command: str, results: dict, examples: list[dict] | Non
                     formed,
                     cell(r, "word_f1"),
                     cell(r, "content_word_f1"),
+                    cell(r, "restated"),
                     cell(r, "slot_accuracy"),
                     cell(r, "exact", ".4f"),
                     cell(r, "mean_tokens", ".1f"),
