@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from world_model.evaluation.floors.counts import CONTEXT, check_windows, split_heldout
+from world_model.models.coherence_head import BagEncoder
 from world_model.text.vocab import PAD_ID
 
 
@@ -33,22 +34,8 @@ class DualEncoderSettings:
     epochs: int = 8
     batch_size: int = 256
     lr: float = 3e-3
-    same_story: bool = True
+    same_story: bool = False
     seed: int = 0
-
-
-class BagEncoder(nn.Module):
-    """Token ids (B, L) -> unit vectors (B, dim): mean word embedding over non-padding ids, then an MLP."""
-
-    def __init__(self, vocab_size: int, dim: int):
-        super().__init__()
-        self.embedding = nn.EmbeddingBag(vocab_size, dim, mode="sum", padding_idx=PAD_ID)
-        self.mlp = nn.Sequential(nn.Linear(dim, dim), nn.Tanh(), nn.Linear(dim, dim))
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        ids = ids.long()
-        count = (ids != PAD_ID).sum(1, keepdim=True).clamp(min=1)
-        return F.normalize(self.mlp(self.embedding(ids) / count), dim=-1)
 
 
 class DualEncoder(nn.Module):

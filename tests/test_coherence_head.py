@@ -1,0 +1,89 @@
+"""The opt-in coherence head: its pieces by hand, training on a tiny folder, and the folder round trip."""
+
+import json
+
+import pytest
+import torch
+
+from tests.test_train import make_data
+from world_model.data.rocstories import build_vocabulary, encode_windows, load_corpus
+from world_model.models.checkpoint import CheckpointError
+from world_model.models.coherence_head import (
+    HEAD_CONFIG,
+    CoherenceHead,
+    CoherenceHeadConfig,
+    likelihood_ratio,
+    load_coherence_head,
+    pooled_state,
+    save_coherence_head,
+)
+from world_model.models.four_tensor import FourTensorModel
+from world_model.models.four_tensor_config import FourTensorConfig
+from world_model.training import coherence as training
+
+
+def test_pooled_state_averages_live_slots_of_the_last_sentence_and_of_the_window():
+    X = torch.arange(3 * 2, dtype=torch.float32).view(1, 3, 2, 1)  # (B=1, N=3, T=2, d=1): X[x, t] = 2x + t
+    window = torch.tensor([[[5, 0, 0], [6, 7, 0]]])  # (B, T, N): sentence 0 one token, sentence 1 two
+    # last sentence: slots 0, 1 of t = 1 -> (1 + 3) / 2; every live slot: 0, 1, 3 -> 4 / 3
+    assert pooled_state(X, window).tolist() == [[2.0, pytest.approx(4 / 3)]]
+
+
+def test_likelihood_ratio_is_per_token_and_skips_padding():
+    log_probs = torch.log(torch.tensor([[[0.1, 0.5, 0.4], [0.1, 0.2, 0.7]]]))  # (B=1, N=2, V=3)
+    blank = torch.log(torch.tensor([[0.1, 0.25, 0.65], [0.1, 0.7, 0.2]]))  # (N, V)
+    candidates = torch.tensor([[[1, 2], [2, 0]]])  # (B, K=2, N)
+    ratio = likelihood_ratio(log_probs, blank, candidates)
+    expected = [(torch.log(torch.tensor(2.0)) + torch.log(torch.tensor(3.5))) / 2, torch.log(torch.tensor(0.4 / 0.65))]
+    assert torch.allclose(ratio[0], torch.stack(expected))
+
+
+@pytest.fixture(scope="module")
+def predictor(tmp_path_factory):
+    root = tmp_path_factory.mktemp("coherence")
+    data = make_data(root / "data")
+    vocab = build_vocabulary(load_corpus(data))
+    torch.manual_seed(0)
+    config = FourTensorConfig(vocab_size=len(vocab), d_x=4, d_t=2, n_heads=1, n_layers=1, temporal_causal=True)
+    FourTensorModel(config).save_pretrained(root / "ckpt", vocab=vocab)
+    return root / "ckpt", data
+
+
+def test_one_pass_gives_every_prefix_state_of_a_causal_predictor(predictor):
+    folder, data = predictor
+    model = FourTensorModel.from_pretrained(folder)
+    windows = encode_windows(load_corpus(data).train[:3], build_vocabulary(load_corpus(data)))
+    states = training.prefix_states(model, windows)
+    assert states.shape == (3, 4, 2 * model.config.d)
+    for k in (1, 2, 4):
+        ids = windows[:, :k]
+        assert torch.allclose(states[:, k - 1], pooled_state(model.encode(ids), ids), atol=1e-5)
+
+
+def test_training_writes_a_head_that_loads_with_the_predictor(predictor, tmp_path):
+    folder, data = predictor
+    report_path = tmp_path / "report.json"
+    argv = ["--checkpoint", str(folder), "--data", str(data), "--seeds", "0", "1", "--out", str(tmp_path / "head")]
+    assert training.main([*argv, "--report", str(report_path)]) == 0
+    report = json.loads(report_path.read_text())
+    assert [r["head"]["seed"] for r in report["seeds"]] == [0, 1]
+    assert report["seeds"][0]["head"]["model_weight"] in training.MODEL_WEIGHTS
+    assert report["summary"]["test"]["n"] == 2 and len(report["summary"]["test"]["ci95"]) == 2
+    model = FourTensorModel.from_pretrained(folder)
+    head = load_coherence_head(tmp_path / "head", model)
+    assert head.config.extra["seed"] == 0 and 1 <= head.config.extra["epoch"] <= training.EPOCHS
+    v = model.config.vocab_size
+    window, candidates = torch.randint(2, v, (2, 4, 16)), torch.randint(2, v, (2, 3, 16))
+    assert head.score(model, window, candidates).shape == (2, 3)
+    assert load_coherence_head(folder, model) is None  # the predictor folder itself has none
+
+
+def test_a_head_for_another_predictor_is_refused(tmp_path):
+    head = CoherenceHead(CoherenceHeadConfig(vocab_size=30, d_state=16))
+    save_coherence_head(head, tmp_path)
+    model = FourTensorModel(FourTensorConfig(vocab_size=31, d_x=4, d_t=2, n_heads=1, n_layers=1))
+    with pytest.raises(CheckpointError, match="vocabulary of 30 and states of width 16"):
+        load_coherence_head(tmp_path, model)
+    (tmp_path / HEAD_CONFIG).write_text("{not json")
+    with pytest.raises(CheckpointError, match="does not describe a coherence head"):
+        load_coherence_head(tmp_path)
