@@ -5,8 +5,10 @@ import json
 import pytest
 import torch
 
+from tests.test_sentence_bank import STORY, VOCAB, N, ids
 from tests.test_train import make_data
 from world_model.data.rocstories import build_vocabulary, encode_windows, load_corpus
+from world_model.generation.sentence_bank import SentenceBank, bank_rollout, resolve_readout, save_bank
 from world_model.models.checkpoint import CheckpointError
 from world_model.models.coherence_head import (
     HEAD_CONFIG,
@@ -87,3 +89,27 @@ def test_a_head_for_another_predictor_is_refused(tmp_path):
     (tmp_path / HEAD_CONFIG).write_text("{not json")
     with pytest.raises(CheckpointError, match="does not describe a coherence head"):
         load_coherence_head(tmp_path)
+
+
+def test_the_bank_ranked_with_a_heavy_head_picks_the_heads_favourite(tmp_path):
+    torch.manual_seed(0)
+    model = FourTensorModel(FourTensorConfig(vocab_size=len(VOCAB), d_x=4, d_t=2, n_heads=1, n_layers=1, n_tokens=N))
+    model.eval()
+    head = CoherenceHead(CoherenceHeadConfig(vocab_size=len(VOCAB), d_state=2 * model.config.d, model_weight=0.5))
+    head.eval()
+    bank = SentenceBank.encode(STORY[3:], [], VOCAB, N)
+    window = torch.tensor([[ids(s) for s in STORY[:3]]])  # (1, T=3, N)
+    favourite = head.score(model, window, bank.candidates[None])[0].argmax()
+    plain = bank_rollout(model, window, 1, bank, names=False, guard=False)[0, 0]
+    heavy = bank_rollout(model, window, 1, bank, names=False, guard=False, coherence=head, coherence_weight=1e6)
+    assert torch.equal(heavy[0, 0], bank.candidates[favourite])
+    assert not torch.equal(plain, bank.candidates[favourite])  # the likelihood alone picks another sentence here
+    model.save_pretrained(tmp_path, vocab=VOCAB)
+    save_bank(tmp_path, STORY[3:], [], "test")
+    with pytest.raises(ValueError, match="coherence needs coherence_head.json"):
+        resolve_readout(tmp_path, None, "auto", VOCAB, N, coherence_for=model)
+    save_coherence_head(head, tmp_path)
+    readout = resolve_readout(tmp_path, None, "auto", VOCAB, N, coherence_for=model)
+    assert readout.kind == "bank" and readout.coherence is not None
+    with pytest.raises(ValueError, match="ranks the sentences of a bank readout"):
+        resolve_readout(tmp_path, None, "tokens", VOCAB, N, coherence_for=model)

@@ -33,6 +33,7 @@ import torch
 
 from world_model.data.rocstories import ClozeStory, encode_cloze
 from world_model.evaluation.story_cloze import Scorer, choice_accuracy
+from world_model.models.coherence_head import CoherenceHead, likelihood_ratio
 from world_model.text.vocab import Vocabulary
 
 RULES = ("summed", "per_token", "ratio_summed", "ratio_per_token")
@@ -41,6 +42,7 @@ RETRIEVAL_CANDIDATES = 100  # the right ending, its wrong ending and 98 right en
 RETRIEVAL_SEED = 0
 RECALL_AT = (1, 10)
 RESTATED_SHARE = 0.7
+HEAD_BATCH = 64  # windows at a time through the frozen predictor and the coherence head
 
 
 def rule_scores(sums: torch.Tensor, tokens: torch.Tensor, blank_sums: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -160,3 +162,26 @@ def restatement_rate(
     if len(predicted) != len(contexts) or not predicted:
         raise ValueError(f"need one context per predicted sentence, got {len(predicted)} and {len(contexts)}")
     return sum(restates(p, c, common) for p, c in zip(predicted, contexts)) / len(predicted)
+
+
+@torch.no_grad()
+def head_parts(head: CoherenceHead, model, context: torch.Tensor, endings: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(head scores, predictor likelihood ratios) of endings (S, K, N) after contexts (S, 4, N), each (S, K)."""
+    scores, ratios = [], []
+    for start in range(0, len(context), HEAD_BATCH):
+        window, ends = context[start : start + HEAD_BATCH].long(), endings[start : start + HEAD_BATCH].long()
+        vectors, log_probs, blank = head.context_and_log_probs(model, window)
+        scores.append(head.head_scores(vectors, ends))
+        ratios.append(likelihood_ratio(log_probs, blank, ends))
+    return torch.cat(scores).double(), torch.cat(ratios).double()
+
+
+def head_scorer(head: CoherenceHead, model):
+    """A Story Cloze scorer (`world_model.evaluation.story_cloze.Scorer`) of the head's score: (scores, ones)."""
+
+    def score(context: torch.Tensor, endings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = head_parts(head, model, context, endings)
+        scores = parts[0] + head.config.model_weight * parts[1]
+        return scores, torch.ones_like(scores)
+
+    return score

@@ -19,10 +19,11 @@ before them, so nothing they read was scored):
                         training stories of DATA_DIR, none when it holds no ROCStories*.csv)
     story_cloze         Story Cloze accuracy (val and test halves; summed and per-token ending log-likelihood) of the
                         model and the floors, with the published reference points (world_model/evaluation/story_cloze.py)
-    coherence           for the model, every floor and the bag-of-words dual encoder (a coherence floor fitted on the
-                        same training stories): Story Cloze on the test half with the decision rule chosen on the val
-                        half (val beside it), and recall@1 / recall@10 / MRR of the right ending among 100 candidates
-                        (world_model/evaluation/coherence.py)
+    coherence           for the model (and the model with its folder's coherence head, when it has one,
+                        world_model/models/coherence_head.py), every floor and the bag-of-words dual encoder (a
+                        coherence floor fitted on the same training stories): Story Cloze on the test half with the
+                        decision rule chosen on the val half (val beside it), and recall@1 / recall@10 / MRR of the
+                        right ending among 100 candidates (world_model/evaluation/coherence.py)
 
 `evaluate_windows` is the one evaluation routine; training calls it (through `evaluation_sums`) every epoch.
 """
@@ -55,6 +56,7 @@ from world_model.evaluation import story_cloze as sc
 from world_model.evaluation.floors import FLOORS, floor_report, floor_settings
 from world_model.evaluation.floors.dual_encoder import dual_encoder_scorer, fit_dual_encoder
 from world_model.models.checkpoint import CheckpointError
+from world_model.models.coherence_head import CoherenceHead, load_coherence_head
 from world_model.models.precision import PRECISIONS, autocast
 from world_model.models.registry import count_parameters, load_model
 from world_model.text.vocab import Vocabulary
@@ -63,6 +65,7 @@ from world_model.utils.files import write_json_atomic
 from world_model.utils.hub import default_device
 
 DUAL_ENCODER = "bag_of_words_dual_encoder"  # the coherence floor's name in reports
+WITH_HEAD = "model + coherence head"  # the model scored with its folder's coherence head
 SUM_KEYS = ("window_ce_sum", "window_tokens", "last_ce_sum", "last_correct", "last_tokens")
 
 
@@ -212,7 +215,9 @@ def evaluate_checkpoint(
             **{name: sc.story_cloze(sc.floor_scorer(floor), halves, vocab, n) for name, floor in floors.items()},
             "references": sc.REFERENCES,
         },
-        "coherence": coherence_reports(model, floors, train_windows, halves, vocab, n, batch_size),
+        "coherence": coherence_reports(
+            model, floors, train_windows, halves, vocab, n, batch_size, load_coherence_head(Path(checkpoint), model)
+        ),
     }
 
 
@@ -224,10 +229,15 @@ def coherence_reports(
     vocab: Vocabulary,
     n: int,
     batch_size: int = 64,
+    head: CoherenceHead | None = None,
 ) -> dict:
-    """`coherence.coherence_report` of the model, of every floor and of the bag-of-words dual encoder fitted on
-    `train_windows` (none without them): {name: report, "references": the published Story Cloze points}."""
+    """`coherence.coherence_report` of the model, of the model with its coherence `head` (when it has one), of every
+    floor and of the bag-of-words dual encoder fitted on `train_windows` (none without them): {name: report,
+    "references": the published Story Cloze points}."""
     reports = {"model": coh.coherence_report(sc.model_scorer(model, batch_size), halves, vocab, n)}
+    if head is not None:
+        report = coh.coherence_report(coh.head_scorer(head, model), halves, vocab, n, coh.LIKELIHOOD_FREE_RULES)
+        reports[WITH_HEAD] = {**report, "model_weight": head.config.model_weight}
     reports |= {name: coh.coherence_report(sc.floor_scorer(f), halves, vocab, n) for name, f in floors.items()}
     if train_windows is not None:
         encoder, fitted = fit_dual_encoder(train_windows, len(vocab))
@@ -313,7 +323,7 @@ def print_coherence(reports: dict) -> None:
     print(f"  {'scorer':<26} {'rule':<16} {'test':>6} {'val':>6} {'R@1':>6} {'R@10':>6} {'MRR':>6}")
     for name, r in reports.items():
         if name != "references":
-            rule = "similarity" if name == DUAL_ENCODER else r["rule"]
+            rule = {DUAL_ENCODER: "similarity", WITH_HEAD: "head score"}.get(name, r["rule"])
             q = r["retrieval"]
             print(
                 f"  {name:<26} {rule:<16} {r.get('test', float('nan')):>6.3f} {r['val']:>6.3f} "

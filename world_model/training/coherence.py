@@ -32,13 +32,7 @@ from world_model.data.rocstories import DataError, encode_cloze, encode_windows,
 from world_model.evaluation import coherence as coh
 from world_model.evaluation.floors.counts import CONTEXT, split_heldout
 from world_model.evaluation.seed_stats import mean_sd, t_975
-from world_model.models.coherence_head import (
-    CoherenceHead,
-    CoherenceHeadConfig,
-    likelihood_ratio,
-    pooled_state,
-    save_coherence_head,
-)
+from world_model.models.coherence_head import CoherenceHead, CoherenceHeadConfig, pooled_state, save_coherence_head
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import PAD_ID
 from world_model.utils.files import write_json_atomic
@@ -120,35 +114,12 @@ def train_head(
     return head.eval(), {"epoch": losses.index(min(losses)) + 1, "heldout_loss": min(losses), "losses": losses}
 
 
-@torch.no_grad()
-def cloze_parts(head: CoherenceHead, model, context: torch.Tensor, endings: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """(head scores, predictor likelihood ratios) of endings (S, K, N) after contexts (S, 4, N), each (S, K)."""
-    scores, ratios = [], []
-    for start in range(0, len(context), ENCODE_BATCH):
-        window, ends = context[start : start + ENCODE_BATCH].long(), endings[start : start + ENCODE_BATCH].long()
-        vectors, log_probs, blank = head.context_and_log_probs(model, window)
-        scores.append(head.head_scores(vectors, ends))
-        ratios.append(likelihood_ratio(log_probs, blank, ends))
-    return torch.cat(scores).double(), torch.cat(ratios).double()
-
-
 def choose_model_weight(head: CoherenceHead, model, val_items, vocab) -> dict:
     """The weight of `MODEL_WEIGHTS` of highest Story Cloze accuracy on the val half: {"model_weight", "val" per weight}."""
     context, endings, answer = encode_cloze(val_items, vocab, model.config.n_tokens)
-    scores, ratios = cloze_parts(head, model, context, endings)
+    scores, ratios = coh.head_parts(head, model, context, endings)
     accuracy = {w: coh.choice_accuracy(scores + w * ratios, answer) for w in MODEL_WEIGHTS}
     return {"model_weight": max(accuracy, key=accuracy.get), "val": {str(w): a for w, a in accuracy.items()}}
-
-
-def head_scorer(head: CoherenceHead, model):
-    """A Story Cloze scorer (`world_model.evaluation.story_cloze.Scorer`) of the head's score: (scores, ones)."""
-
-    def score(context: torch.Tensor, endings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        parts = cloze_parts(head, model, context, endings)
-        scores = parts[0] + head.config.model_weight * parts[1]
-        return scores, torch.ones_like(scores)
-
-    return score
 
 
 def seed_summary(reports: list[dict]) -> dict:
@@ -189,7 +160,7 @@ def train_coherence_heads(
         chosen = choose_model_weight(head, model, halves["val"], vocab)
         head.config.model_weight = chosen["model_weight"]
         head.config.extra = {"seed": seed, **fitted, "model_weight_val": chosen["val"], "source": str(data_dir)}
-        scorer = head_scorer(head, model)
+        scorer = coh.head_scorer(head, model)
         report = coh.coherence_report(scorer, halves, vocab, model.config.n_tokens, coh.LIKELIHOOD_FREE_RULES)
         heads.append((head, {**report, "head": {**head.config.extra, "model_weight": head.config.model_weight}}))
         print(json.dumps({"seed": seed, **{k: report[k] for k in ("val", "test", "retrieval")}}), flush=True)
