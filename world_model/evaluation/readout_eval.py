@@ -327,6 +327,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--select", action="store_true", help="choose settings on held-out training stories")
     parser.add_argument("--heldout", type=int, default=1000, help="training stories held out with --select")
     parser.add_argument("--rollout-contexts", type=int, default=1000, help="contexts rolled out 5 steps")
+    parser.add_argument("--contexts", type=int, help="only the first K cloze contexts (default: all)")
     parser.add_argument(
         "--coherence",
         action="store_true",
@@ -434,7 +435,7 @@ def measure_readouts(
     """The per-slot and bank readouts on the cloze contexts (and the bank ranked with the coherence `head`, at
     COHERENCE_WEIGHT, when one is given); writes results.json and results.md."""
     grams, common = training_statistics(corpus)
-    windows = encode_windows(corpus.validation, vocab, model.config.n_tokens)
+    windows = encode_windows(corpus.validation[: args.contexts], vocab, model.config.n_tokens)
     coherent = {} if head is None else bank_readouts(coherence=(COHERENCE_WEIGHT,))
     one_step = {"tokens": {"kind": "tokens"}, **bank_readouts(), **coherent}
     rollouts = {**one_step, **bank_readouts(guards=(False,))}

@@ -72,10 +72,11 @@ def pair_loss(
     context_ids[torch.arange(CONTEXT)[None, :] >= k[:, None]] = PAD_ID
     context = head.context_vectors(states[stories, k - 1], context_ids)  # (B, dim)
     others = torch.arange(CONTEXT + 1)[None, :] != k[:, None]  # (B, 5)
-    candidates = torch.cat(
-        [windows[stories, k][None].expand(len(k), -1, -1), windows[stories][others].view(len(k), CONTEXT, -1)], 1
-    )
-    return F.cross_entropy(head.head_scores(context, candidates), torch.arange(len(k)))
+    own = windows[stories][others].view(len(k), CONTEXT, -1)  # (B, 4, N)
+    batch_next = head.sentence_encoder(windows[stories, k])  # (B, dim), each pair's S(k)
+    own_other = head.sentence_encoder(own.flatten(0, 1)).view(len(k), CONTEXT, -1)  # (B, 4, dim)
+    logits = torch.cat([context @ batch_next.T, (own_other @ context[:, :, None])[..., 0]], dim=1)  # (B, B + 4)
+    return F.cross_entropy(head.scale * logits, torch.arange(len(k)))
 
 
 def all_pairs(first: int, last: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,10 +140,10 @@ def seed_summary(reports: list[dict]) -> dict:
 
 
 def train_coherence_heads(
-    checkpoint: str | Path, data_dir: str | Path, seeds: Sequence[int] = (0,)
+    checkpoint: str | Path, data_dir: str | Path, seeds: Sequence[int] = (0,), out: str | Path | None = None
 ) -> list[tuple[CoherenceHead, dict]]:
     """Steps 1-3 of the module docstring once per seed (the frozen states computed once), each with its coherence
-    report: [(head, report)]."""
+    report: [(head, report)]. The first seed's head is written into `out` as soon as it is trained."""
     model, vocab, _ = load_predictor(checkpoint)
     model.eval()
     for p in model.parameters():
@@ -163,6 +164,9 @@ def train_coherence_heads(
         scorer = coh.head_scorer(head, model)
         report = coh.coherence_report(scorer, halves, vocab, model.config.n_tokens, coh.LIKELIHOOD_FREE_RULES)
         heads.append((head, {**report, "head": {**head.config.extra, "model_weight": head.config.model_weight}}))
+        if out is not None and len(heads) == 1:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            save_coherence_head(head, out)
         print(json.dumps({"seed": seed, **{k: report[k] for k in ("val", "test", "retrieval")}}), flush=True)
     return heads
 
@@ -178,13 +182,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--report", help="also write every seed's coherence report and their summary to this JSON file")
     args = parser.parse_args(argv)
     try:
-        heads = train_coherence_heads(args.checkpoint, args.data, args.seeds)
+        out = Path(args.out or args.checkpoint)
+        heads = train_coherence_heads(args.checkpoint, args.data, args.seeds, out)
     except (DataError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    out = Path(args.out or args.checkpoint)
-    out.mkdir(parents=True, exist_ok=True)
-    save_coherence_head(heads[0][0], out)
     reports = [report for _, report in heads]
     summary = seed_summary(reports)
     if args.report:
