@@ -52,8 +52,8 @@ SAMPLE_TOP_K = 20  # sampling draws among this many best sentences unless top_k 
 # score = summed slot log-likelihood / length ** LENGTH_POWER, chosen in results/readout/selection.md
 LENGTH_POWER = 1.5
 # weight of the coherence head's score beside the length-normalised likelihood, chosen on held-out training stories
-# (results/coherence/bank_selection.md)
-COHERENCE_WEIGHT = 1.0
+# (results/coherence/readout/coherence_selection.md: highest content-word F1)
+COHERENCE_WEIGHT = 0.1
 _WORD = re.compile(r"[^\W_]+(?:['\-][^\W_]+)*")
 _VERB_LIKE = frozenset(
     "was had went got is did took made saw felt knew told said gave ran came thought found bought "

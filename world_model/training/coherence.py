@@ -37,7 +37,10 @@ from world_model.models.registry import load_predictor
 from world_model.text.vocab import PAD_ID
 from world_model.utils.files import write_json_atomic
 
-MODEL_WEIGHTS = (0.0, -0.25, 0.25, -0.5, 0.5, -1.0, 1.0, -2.0, 2.0)  # 0 first: it wins a tie on the val half
+# The predictor's ratio weight is never negative: a negative weight prefers the endings the story makes less likely,
+# which the cloze val half rewards (its wrong endings reuse the story's words) but which ranks a story's own next
+# sentence below other stories' (docs/coherence.md). 0 first: it wins a tie on the val half.
+MODEL_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0)
 EPOCHS = 6
 BATCH_SIZE = 256
 LR = 3e-3
