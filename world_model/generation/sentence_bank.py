@@ -135,7 +135,9 @@ class SentenceBank:
     possessive_ids: dict[int, int]  # id of a name -> id of its possessive, where the vocabulary has one
 
     def __post_init__(self) -> None:
-        """A hash (C,) of every candidate row, to find the rows equal to a window's states fast."""
+        """A hash (C,) of every candidate row, to find the rows equal to a window's states fast, and room for the
+        sentence vectors (C, dim) of a coherence head (`CoherentRanking.for_bank`)."""
+        self.coherence_vectors: dict[tuple, torch.Tensor] = {}
         generator = torch.Generator().manual_seed(0)
         self.hash_weights = torch.randint(1, 2**40, (self.candidates.shape[1],), generator=generator)  # (N,)
         self.hashes = (self.candidates * self.hash_weights).sum(dim=1)
@@ -285,7 +287,12 @@ class CoherentRanking:
 
     @classmethod
     def for_bank(cls, head: CoherenceHead, bank: SentenceBank) -> "CoherentRanking":
-        return cls(head, head.sentence_encoder(bank.candidates))
+        """The ranking of `bank` with `head`; the bank's sentence vectors are computed once per bank and head."""
+        weight = head.sentence_encoder.embedding.weight
+        key = (id(head), weight.data_ptr(), weight._version)
+        if key not in bank.coherence_vectors:
+            bank.coherence_vectors = {key: head.sentence_encoder(bank.candidates)}  # the latest head's only
+        return cls(head, bank.coherence_vectors[key])
 
     def read(self, model, window: torch.Tensor) -> None:
         """Set the context vectors and the blank log-probabilities for the windows (B, T, N) of this step."""
