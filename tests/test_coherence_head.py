@@ -1,6 +1,7 @@
 """The opt-in coherence head: its pieces by hand, training on a tiny folder, and the folder round trip."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ import torch
 from tests.test_sentence_bank import STORY, VOCAB, N, ids
 from tests.test_train import make_data
 from world_model.data.rocstories import build_vocabulary, encode_windows, load_corpus
+from world_model.evaluation.evaluate import WITH_HEAD, evaluate_checkpoint
 from world_model.generation.sentence_bank import SentenceBank, bank_rollout, resolve_readout, save_bank
 from world_model.models.checkpoint import CheckpointError
 from world_model.models.coherence_head import (
@@ -113,3 +115,15 @@ def test_the_bank_ranked_with_a_heavy_head_picks_the_heads_favourite(tmp_path):
     assert readout.kind == "bank" and readout.coherence is not None
     with pytest.raises(ValueError, match="ranks the sentences of a bank readout"):
         resolve_readout(tmp_path, None, "tokens", VOCAB, N, coherence_for=model)
+
+
+def test_evaluate_reports_the_model_with_its_folders_head(predictor, tmp_path):
+    folder, data = predictor
+    shutil.copytree(folder, tmp_path / "ckpt")
+    model = FourTensorModel.from_pretrained(folder)
+    head = CoherenceHead(CoherenceHeadConfig(vocab_size=model.config.vocab_size, d_state=2 * model.config.d))
+    save_coherence_head(head, tmp_path / "ckpt")
+    result = evaluate_checkpoint(tmp_path / "ckpt", data, device="cpu")
+    row = result["coherence"][WITH_HEAD]
+    assert row["model_weight"] == 0.0 and row["retrieval"]["candidates"] == 11
+    assert result["coherence"]["model"]["rule"] in ("summed", "per_token", "ratio_summed", "ratio_per_token")
