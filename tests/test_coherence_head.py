@@ -127,3 +127,13 @@ def test_evaluate_reports_the_model_with_its_folders_head(predictor, tmp_path):
     row = result["coherence"][WITH_HEAD]
     assert row["model_weight"] == 0.0 and row["retrieval"]["candidates"] == 11
     assert result["coherence"]["model"]["rule"] in ("summed", "per_token", "ratio_summed", "ratio_per_token")
+
+
+def test_a_lone_pair_has_nothing_to_lose_against_its_batch_but_its_story_to_tell_apart():
+    torch.manual_seed(0)
+    windows = torch.randint(2, 30, (3, 5, 6))
+    head = CoherenceHead(CoherenceHeadConfig(vocab_size=30, d_state=8))
+    states = torch.randn(3, 4, 8)
+    stories, k = torch.tensor([1]), torch.tensor([2])
+    assert training.pair_loss(head, windows, states, stories, k, same_story=False).item() == 0.0  # one candidate
+    assert training.pair_loss(head, windows, states, stories, k).item() > 0.0  # S(2) against S(0, 1, 3, 4)

@@ -67,16 +67,23 @@ def prefix_states(model, windows: torch.Tensor) -> torch.Tensor:
 
 
 def pair_loss(
-    head: CoherenceHead, windows: torch.Tensor, states: torch.Tensor, stories: torch.Tensor, k: torch.Tensor
+    head: CoherenceHead,
+    windows: torch.Tensor,
+    states: torch.Tensor,
+    stories: torch.Tensor,
+    k: torch.Tensor,
+    same_story: bool = True,
 ) -> torch.Tensor:
-    """Mean cross-entropy of picking S(k) of each pair (stories, k (B,)) among the batch's next sentences and the
-    other four sentences of its story; states (S, 4, 2 d) from `prefix_states`, windows (S, 5, N)."""
+    """Mean cross-entropy of picking S(k) of each pair (stories, k (B,)) among the batch's next sentences and, with
+    `same_story`, the other four sentences of its story; states (S, 4, 2 d) from `prefix_states`, windows (S, 5, N)."""
     context_ids = windows[stories, :CONTEXT].clone()  # (B, 4, N), the sentences from k on blanked
     context_ids[torch.arange(CONTEXT)[None, :] >= k[:, None]] = PAD_ID
     context = head.context_vectors(states[stories, k - 1], context_ids)  # (B, dim)
     others = torch.arange(CONTEXT + 1)[None, :] != k[:, None]  # (B, 5)
     own = windows[stories][others].view(len(k), CONTEXT, -1)  # (B, 4, N)
     batch_next = head.sentence_encoder(windows[stories, k])  # (B, dim), each pair's S(k)
+    if not same_story:
+        return F.cross_entropy(head.scale * context @ batch_next.T, torch.arange(len(k)))
     own_other = head.sentence_encoder(own.flatten(0, 1)).view(len(k), CONTEXT, -1)  # (B, 4, dim)
     logits = torch.cat([context @ batch_next.T, (own_other @ context[:, :, None])[..., 0]], dim=1)  # (B, B + 4)
     return F.cross_entropy(head.scale * logits, torch.arange(len(k)))
@@ -89,10 +96,15 @@ def all_pairs(first: int, last: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def train_head(
-    windows: torch.Tensor, states: torch.Tensor, vocab_size: int, seed: int = 0, epochs: int = EPOCHS
+    windows: torch.Tensor,
+    states: torch.Tensor,
+    vocab_size: int,
+    seed: int = 0,
+    epochs: int = EPOCHS,
+    same_story: bool = True,
 ) -> tuple[CoherenceHead, dict]:
-    """Fit the head on the windows (S, 5, N) before the held-out slice, keep the epoch of lowest held-out loss:
-    (head in eval mode, {"epoch", "heldout_loss", "losses"})."""
+    """Fit the head on the windows (S, 5, N) before the held-out slice (`same_story` negatives or the batch's alone),
+    keep the epoch of lowest held-out loss: (head in eval mode, {"epoch", "heldout_loss", "losses"})."""
     fit, held = split_heldout(windows)
     torch.manual_seed(seed)
     head = CoherenceHead(CoherenceHeadConfig(vocab_size=vocab_size, d_state=states.shape[-1]))
@@ -104,13 +116,15 @@ def train_head(
     for _ in range(epochs):
         head.train()
         for b in torch.randperm(len(k)).split(BATCH_SIZE):
-            loss = pair_loss(head, windows, states, stories[b], k[b])
+            loss = pair_loss(head, windows, states, stories[b], k[b], same_story)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
         head.eval()
         with torch.no_grad():
-            held_loss = [float(pair_loss(head, windows, states, held_stories[b], held_k[b])) for b in held_batches]
+            held_loss = [
+                float(pair_loss(head, windows, states, held_stories[b], held_k[b], same_story)) for b in held_batches
+            ]
         losses.append(sum(held_loss) / len(held_loss))
         if losses[-1] == min(losses):
             best = copy.deepcopy(head.state_dict())
@@ -143,7 +157,11 @@ def seed_summary(reports: list[dict]) -> dict:
 
 
 def train_coherence_heads(
-    checkpoint: str | Path, data_dir: str | Path, seeds: Sequence[int] = (0,), out: str | Path | None = None
+    checkpoint: str | Path,
+    data_dir: str | Path,
+    seeds: Sequence[int] = (0,),
+    out: str | Path | None = None,
+    same_story: bool = True,
 ) -> list[tuple[CoherenceHead, dict]]:
     """Steps 1-3 of the module docstring once per seed (the frozen states computed once), each with its coherence
     report: [(head, report)]. The first seed's head is written into `out` as soon as it is trained."""
@@ -160,10 +178,16 @@ def train_coherence_heads(
     states = prefix_states(model, windows)
     heads = []
     for seed in seeds:
-        head, fitted = train_head(windows, states, len(vocab), seed)
+        head, fitted = train_head(windows, states, len(vocab), seed, same_story=same_story)
         chosen = choose_model_weight(head, model, halves["val"], vocab)
         head.config.model_weight = chosen["model_weight"]
-        head.config.extra = {"seed": seed, **fitted, "model_weight_val": chosen["val"], "source": str(data_dir)}
+        head.config.extra = {
+            "seed": seed,
+            "same_story": same_story,
+            **fitted,
+            "model_weight_val": chosen["val"],
+            "source": str(data_dir),
+        }
         scorer = coh.head_scorer(head, model)
         report = coh.coherence_report(scorer, halves, vocab, model.config.n_tokens, coh.LIKELIHOOD_FREE_RULES)
         heads.append((head, {**report, "head": {**head.config.extra, "model_weight": head.config.model_weight}}))
@@ -182,11 +206,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data", required=True, help="ROCStories folder (training stories and the cloze halves)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one head per seed; the first is written")
     parser.add_argument("--out", help="folder that gets the first seed's head (default: the checkpoint folder)")
+    parser.add_argument(
+        "--batch-negatives-only", action="store_true", help="train against the batch's next sentences alone"
+    )
     parser.add_argument("--report", help="also write every seed's coherence report and their summary to this JSON file")
     args = parser.parse_args(argv)
     try:
         out = Path(args.out or args.checkpoint)
-        heads = train_coherence_heads(args.checkpoint, args.data, args.seeds, out)
+        heads = train_coherence_heads(args.checkpoint, args.data, args.seeds, out, not args.batch_negatives_only)
     except (DataError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
