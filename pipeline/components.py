@@ -30,7 +30,12 @@ def load_predictor(name: str, device: str) -> Predictor:
 
 
 @lru_cache(maxsize=4)
-def load_readout(name: str, device: str, readout: str) -> Readout:
-    """How the predictor reads its states off (`world_model.generation.sentence_bank.resolve_readout`); a bank is encoded once."""
+def load_readout(name: str, device: str, readout: str, coherence: bool = False) -> Readout:
+    """How the predictor reads its states off (`world_model.generation.sentence_bank.resolve_readout`), its bank
+    ranked with the folder's coherence head when `coherence`; a bank is encoded once."""
     predictor = load_predictor(name, device)
-    return resolve_readout(name, predictor.known_sentences, readout, predictor.vocab, predictor.model.config.n_tokens)
+    model = predictor.model
+    coherence_for = model if coherence else None
+    return resolve_readout(
+        name, predictor.known_sentences, readout, predictor.vocab, model.config.n_tokens, coherence_for
+    )

@@ -138,7 +138,7 @@ def run_in(
         report(0.15, "loading models")
         cap = load_captioner(p.captioner, plan.device, tuple(sorted(p.captioner_options.items())))
         predictor = load_predictor(p.predictor, plan.device)
-        readout = load_readout(p.predictor, plan.device, generation.readout)
+        readout = load_readout(p.predictor, plan.device, generation.readout, generation.coherence)
         ren = load_renderer(p.renderer, plan.device, tuple(sorted(p.renderer_options.items())))
     with timed(timings, "caption"):
         report(0.3, f"captioning {len(clip)} frames")

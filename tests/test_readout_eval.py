@@ -6,11 +6,11 @@ import torch
 
 from tests.test_rocstories import make_folder
 from world_model.data.rocstories import build_vocabulary, load_corpus
-from world_model.evaluation.readout_eval import attested, main, repeat_share, well_formed, word_f1
+from world_model.evaluation.readout_eval import attested, main, one_step_measures, repeat_share, well_formed, word_f1
 from world_model.generation.sentence_bank import write_rocstories_bank
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.four_tensor_config import FourTensorConfig
-from world_model.text.vocab import tokenize
+from world_model.text.vocab import Vocabulary, tokenize
 
 
 def test_well_formed_needs_attested_ngrams_and_final_punctuation():
@@ -64,3 +64,14 @@ def test_the_command_writes_results_with_ten_examples_at_most(tmp_path):
     assert "rollout_repeat_share" in results["results"]["tokens"]
     assert results["results"]["true next sentence"]["word_f1"] == 1.0
     assert len(results["examples"]) == 2 and "| 0 |" in (tmp_path / "out" / "results.md").read_text()
+
+
+def test_one_step_measures_report_the_share_of_predictions_that_restate_their_context():
+    vocab = Vocabulary.build(["Tom went to the store.", "He bought milk.", "She slept."])
+    encode = lambda texts: vocab.encode_batch(texts, 8)  # noqa: E731
+    context = torch.stack([encode(["Tom went to the store.", "He bought milk."])] * 2)  # (S=2, T=2, N=8)
+    predicted = encode(["Tom went to the store.", "She slept."])  # the first restates sentence 1
+    true = encode(["She slept.", "She slept."])
+    measures = one_step_measures(predicted, true, vocab, {}, None, frozenset({"the", "to"}), context)
+    assert measures["restated"] == 0.5
+    assert "restated" not in one_step_measures(predicted, true, vocab, {}, None)

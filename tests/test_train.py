@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from world_model.data.rocstories import CLOZE_COLUMNS, TRAIN_COLUMNS, DataError
+from world_model.evaluation.coherence import RULES
 from world_model.evaluation.evaluate import main as evaluate_main
 from world_model.evaluation.floors import FLOORS, count_copy_prior, count_prior
 from world_model.models.checkpoint import CheckpointError
@@ -555,8 +556,17 @@ def test_evaluate_cli_matches_the_best_epoch(reference, data_dir, tmp_path, caps
     assert all(
         list(cloze[name]) == ["val", "test"] and cloze[name]["test"]["stories"] == 5 for name in ("model", *FLOORS)
     )
+    coherence = result["coherence"]
+    assert list(coherence) == ["model", *FLOORS, "bag_of_words_dual_encoder", "references"]
+    assert all(
+        coherence[name]["rule"] in RULES and coherence[name]["retrieval"]["candidates"] == 11  # 2 + the 9 other stories
+        for name in ("model", *FLOORS)
+    )
+    assert coherence["model"]["test"] == coherence["model"]["rules"]["test"][coherence["model"]["rule"]]
+    assert coherence["bag_of_words_dual_encoder"]["fit"]["epoch"] >= 1
     printed = capsys.readouterr().out
     assert "val_last_ce" in printed and "position_unigram_copy" in printed and "Story Cloze accuracy" in printed
+    assert "rule chosen on the val half" in printed and "bag_of_words_dual_encoder" in printed
 
     # words the checkpoint never saw are scored as <unk> and counted
     other = tmp_path / "other"
@@ -578,6 +588,7 @@ def test_evaluate_cli_matches_the_best_epoch(reference, data_dir, tmp_path, caps
         "model",
         "references",
     ]  # no training file
+    assert list(other_result["coherence"]) == ["model", "references"]
     assert "floors: none (no training file" in capsys.readouterr().out
     assert evaluate_main(["--checkpoint", str(tmp_path), "--data", str(data_dir)]) == 2
 

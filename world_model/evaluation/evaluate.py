@@ -19,6 +19,11 @@ before them, so nothing they read was scored):
                         training stories of DATA_DIR, none when it holds no ROCStories*.csv)
     story_cloze         Story Cloze accuracy (val and test halves; summed and per-token ending log-likelihood) of the
                         model and the floors, with the published reference points (world_model/evaluation/story_cloze.py)
+    coherence           for the model (and the model with its folder's coherence head, when it has one,
+                        world_model/models/coherence_head.py), every floor and the bag-of-words dual encoder (a
+                        coherence floor fitted on the same training stories): Story Cloze on the test half with the
+                        decision rule chosen on the val half (val beside it), and recall@1 / recall@10 / MRR of the
+                        right ending among 100 candidates (world_model/evaluation/coherence.py)
 
 `evaluate_windows` is the one evaluation routine; training calls it (through `evaluation_sums`) every epoch.
 """
@@ -49,8 +54,11 @@ from world_model.data.rocstories import (
     load_corpus,
     read_cloze_csv,
 )
+from world_model.evaluation import coherence as coh
 from world_model.evaluation import story_cloze as sc
 from world_model.evaluation.floors import FLOORS, floor_report, floor_settings
+from world_model.evaluation.floors.dual_encoder import dual_encoder_scorer, fit_dual_encoder
+from world_model.models.coherence_head import CoherenceHead, load_coherence_head
 from world_model.models.precision import PRECISIONS, autocast
 from world_model.models.registry import count_parameters, load_model
 from world_model.text.vocab import Vocabulary
@@ -59,6 +67,8 @@ from world_model.utils.eval_mode import eval_mode
 from world_model.utils.files import write_json_atomic
 from world_model.utils.hub import default_device
 
+DUAL_ENCODER = "bag_of_words_dual_encoder"  # the coherence floor's name in reports
+WITH_HEAD = "model + coherence head"  # the model scored with its folder's coherence head
 SUM_KEYS = ("window_ce_sum", "window_tokens", "last_ce_sum", "last_correct", "last_tokens")
 
 
@@ -181,7 +191,8 @@ def evaluate_checkpoint(
     metrics = evaluate_windows(model, windows, batch_size, device, precision)
     n = windows.shape[2]
     halves = load_cloze_halves(data_dir)
-    floors, floor_rows = fitted_floors(data_dir, vocab, windows, train_stories)
+    train_windows = training_windows(data_dir, vocab, n, train_stories)
+    floors, floor_rows = fitted_floors(train_windows, vocab, windows)
     diagnostic = {
         key: token_mean(model, method, windows, batch_size, device)
         for key, method in BASELINE_DIAGNOSTICS.items()
@@ -207,22 +218,56 @@ def evaluate_checkpoint(
             **{name: sc.story_cloze(sc.floor_scorer(floor), halves, vocab, n) for name, floor in floors.items()},
             "references": sc.REFERENCES,
         },
+        "coherence": coherence_reports(
+            model, floors, train_windows, halves, vocab, n, batch_size, load_coherence_head(Path(checkpoint), model)
+        ),
     }
 
 
-def fitted_floors(
-    data_dir: str | os.PathLike,
+def coherence_reports(
+    model: nn.Module,
+    floors: dict,
+    train_windows: torch.Tensor | None,
+    halves: dict,
     vocab: Vocabulary,
-    val_windows: torch.Tensor,
-    train_stories: Sequence[Story] | None = None,
-) -> tuple[dict, dict | None]:
-    """The floors fitted on `train_stories` (default: the training stories of `data_dir`), encoded with `vocab`, and
-    measured on `val_windows`: ({name: CountFloor}, their report), or ({}, None) when there are no training stories."""
+    n: int,
+    batch_size: int = 64,
+    head: CoherenceHead | None = None,
+) -> dict:
+    """`coherence.coherence_report` of the model, of the model with its coherence `head` (when it has one), of every
+    floor and of the bag-of-words dual encoder fitted on `train_windows` (none without them): {name: report,
+    "references": the published Story Cloze points}."""
+    reports = {"model": coh.coherence_report(sc.model_scorer(model, batch_size), halves, vocab, n)}
+    if head is not None:
+        report = coh.coherence_report(coh.head_scorer(head, model), halves, vocab, n, coh.LIKELIHOOD_FREE_RULES)
+        reports[WITH_HEAD] = {**report, "model_weight": head.config.model_weight}
+    reports |= {name: coh.coherence_report(sc.floor_scorer(f), halves, vocab, n) for name, f in floors.items()}
+    if train_windows is not None:
+        encoder, fitted = fit_dual_encoder(train_windows, len(vocab))
+        report = coh.coherence_report(dual_encoder_scorer(encoder), halves, vocab, n, coh.LIKELIHOOD_FREE_RULES)
+        reports[DUAL_ENCODER] = {**report, "fit": fitted}
+    return {**reports, "references": sc.REFERENCES}
+
+
+def training_windows(
+    data_dir: str | os.PathLike, vocab: Vocabulary, n: int, train_stories: Sequence[Story] | None = None
+) -> torch.Tensor | None:
+    """`train_stories` (default: the training stories of `data_dir`) encoded with `vocab` as windows (S, 5, n), or
+    None when there are none."""
     if train_stories is None:
         if not any(Path(data_dir).glob(TRAIN_PATTERN)):
-            return {}, None
+            return None
         train_stories = load_corpus(data_dir).train
-    train_windows = encode_windows(train_stories, vocab, val_windows.shape[2])
+    return encode_windows(train_stories, vocab, n)
+
+
+def fitted_floors(
+    train_windows: torch.Tensor | None, vocab: Vocabulary, val_windows: torch.Tensor
+) -> tuple[dict, dict | None]:
+    """The floors fitted on `train_windows` (S, 5, N) and measured on `val_windows`: ({name: CountFloor}, their
+    report), or ({}, None) when there are no training windows."""
+    if train_windows is None:
+        return {}, None
     return floor_report(train_windows, val_windows, len(vocab))
 
 
@@ -267,6 +312,27 @@ def print_result(result: dict) -> None:
                 )
             )
     print("  published: " + ", ".join(f"{k} {v:.3f}" for k, v in result["story_cloze"]["references"].items()))
+    print_coherence(result["coherence"])
+
+
+def print_coherence(reports: dict) -> None:
+    """Story Cloze (test half, the rule chosen on the val half, val beside it) and retrieval of every scorer."""
+    candidates = next(iter(reports.values()))["retrieval"]["candidates"]
+    print(
+        "Coherence: Story Cloze on the test half with the decision rule chosen on the val half (val beside it); "
+        f"the right ending ranked among {candidates} candidates (its wrong ending and {candidates - 2} right endings "
+        "of other cloze stories):"
+    )
+    print(f"  {'scorer':<26} {'rule':<16} {'test':>6} {'val':>6} {'R@1':>6} {'R@10':>6} {'MRR':>6}")
+    for name, r in reports.items():
+        if name != "references":
+            rule = {DUAL_ENCODER: "similarity", WITH_HEAD: "head score"}.get(name, r["rule"])
+            q = r["retrieval"]
+            print(
+                f"  {name:<26} {rule:<16} {r.get('test', float('nan')):>6.3f} {r['val']:>6.3f} "
+                f"{q['recall_at_1']:>6.3f} {q['recall_at_10']:>6.3f} {q['mrr']:>6.3f}"
+            )
+    print("  published (test half): " + ", ".join(f"{k} {v:.3f}" for k, v in reports["references"].items()))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,7 +19,9 @@ Measures, for one predicted sentence per context:
   (the token accuracy of L_S(4), for the chosen sentence);
 - exact: the prediction is the true sentence; `in_bank` counts contexts whose true sentence is in the bank;
 - repeats: over a 5-step rollout, the share of rollouts that predict a sentence already in the window or
-  predicted before.
+  predicted before;
+- restated: the share of predictions that restate a context sentence (70% or more of their distinct content words
+  in one of them, `world_model.evaluation.coherence.restates`), beside the true next sentences' own share.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ from pathlib import Path
 import torch
 
 from world_model.data.rocstories import encode_windows, load_corpus
+from world_model.evaluation.coherence import restatement_rate
 from world_model.generation.sentence_bank import (
+    COHERENCE_WEIGHT,
     LENGTH_POWER,
     SentenceBank,
     bank_rollout,
@@ -45,6 +49,7 @@ from world_model.generation.sentence_bank import (
     find_names,
     load_bank,
 )
+from world_model.models.coherence_head import CoherenceHead, load_coherence_head
 from world_model.models.generation_config import GenerationConfig
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import PAD_ID, SENTENCE_END_TOKENS, Vocabulary, tokenize
@@ -52,6 +57,7 @@ from world_model.utils.cli import add_verbose, check_writable, run_command
 
 EXAMPLES = 10  # fixed contexts shown side by side: every (contexts // EXAMPLES)-th one, from the first
 ROLLOUT_STEPS = 5
+COHERENCE_WEIGHTS = (0.03, 0.1, 0.3, 1.0, 3.0)  # the coherence head's weights --select --coherence compares
 COMMON_WORDS = 100  # the most frequent training tokens, left out of the content-word F1
 
 
@@ -86,9 +92,11 @@ def predict(
     bank: SentenceBank | None,
     steps: int = 1,
     batch: int = 64,
+    head: CoherenceHead | None = None,
 ) -> torch.Tensor:
     """Predicted states (S, steps, N) of windows (S, T, N), `batch` windows at a time. `readout` is {"kind":
-    "tokens"} or {"kind": "bank", "names": bool, "guard": bool, "length_power": float}."""
+    "tokens"} or {"kind": "bank", "names": bool, "guard": bool, "length_power": float}, and for a bank ranked with
+    the coherence `head` also "coherence": its weight."""
     out = []
     with torch.no_grad():
         for start in range(0, len(windows), batch):
@@ -97,6 +105,8 @@ def predict(
                 out.append(model.rollout(w, steps, GenerationConfig(end_ids=vocab.end_ids)))
             else:
                 options = {k: readout[k] for k in ("names", "guard", "length_power")}
+                if "coherence" in readout:
+                    options.update(coherence=head, coherence_weight=readout["coherence"])
                 out.append(bank_rollout(model, w, steps, bank, **options))
     return torch.cat(out)
 
@@ -108,8 +118,10 @@ def one_step_measures(
     grams: dict[int, set],
     bank: SentenceBank | None,
     common: frozenset[str] = frozenset(),
+    context: torch.Tensor | None = None,
 ) -> dict:
-    """Shares over contexts of predicted states (S, N) against the true ones (S, N)."""
+    """Shares over contexts of predicted states (S, N) against the true ones (S, N); with the context windows
+    (S, T, N) also the share of predictions that restate one of their context sentences."""
     pred_tokens = [tokenize(vocab.decode(row)) for row in predicted]
     true_tokens = [tokenize(vocab.decode(row)) for row in true]
     live = true != PAD_ID
@@ -125,6 +137,9 @@ def one_step_measures(
         "exact": float(exact.float().mean()),
         "mean_tokens": sum(map(len, pred_tokens)) / len(pred_tokens),
     }
+    if context is not None:
+        sentences = [[tokenize(vocab.decode(row)) for row in window] for window in context]
+        result["restated"] = restatement_rate(pred_tokens, sentences, common)
     if bank is not None:
         in_bank = torch.isin((true * bank.hash_weights).sum(dim=1), bank.hashes)  # hash match; exact below
         in_bank &= torch.tensor(
@@ -170,24 +185,25 @@ def evaluate(
     grams,
     rollout_contexts: int,
     common: frozenset[str] = frozenset(),
+    head: CoherenceHead | None = None,
 ) -> dict[str, dict]:
     """One-step measures and timing for the `one_step` readouts, and the repeat share of 5-step rollouts on the
-    first `rollout_contexts` contexts for the `rollouts` readouts."""
+    first `rollout_contexts` contexts for the `rollouts` readouts (`head` for those ranked with it)."""
     results = {}
     singles = [windows[i : i + 1] for i in range(min(20, len(windows)))]  # one at a time, as a rollout asks
     for name, readout in one_step.items():
-        predicted, seconds = timed(predict, model, windows, readout, vocab, bank)
+        predicted, seconds = timed(lambda r=readout: predict(model, windows, r, vocab, bank, head=head))
         predicted = predicted[:, 0]
-        _, single = timed(lambda r=readout: [predict(model, w, r, vocab, bank) for w in singles])
+        _, single = timed(lambda r=readout: [predict(model, w, r, vocab, bank, head=head) for w in singles])
         results[name] = {
             **readout,
-            **one_step_measures(predicted, true, vocab, grams, bank, common),
+            **one_step_measures(predicted, true, vocab, grams, bank, common, windows),
             "ms_per_prediction_batched": round(1000 * seconds / len(windows), 2),
             "ms_per_prediction_one_at_a_time": round(1000 * single / len(singles), 2),
         }
         print(name, json.dumps(results[name]), flush=True)
     for name, readout in rollouts.items():
-        states = predict(model, windows[:rollout_contexts], readout, vocab, bank, steps=ROLLOUT_STEPS)
+        states = predict(model, windows[:rollout_contexts], readout, vocab, bank, steps=ROLLOUT_STEPS, head=head)
         results.setdefault(name, dict(readout))["rollout_repeat_share"] = repeat_share(
             windows[:rollout_contexts], states
         )
@@ -199,18 +215,19 @@ def evaluate(
     generator = torch.Generator().manual_seed(0)
     if bank is not None:  # a floor: a random bank sentence for every context
         random_rows = bank.candidates[torch.randint(len(bank.candidates), (len(windows),), generator=generator)]
-        results["random bank sentence"] = one_step_measures(random_rows, true, vocab, grams, None, common)
-    results["true next sentence"] = one_step_measures(true, true, vocab, grams, None, common)
+        results["random bank sentence"] = one_step_measures(random_rows, true, vocab, grams, None, common, windows)
+    results["true next sentence"] = one_step_measures(true, true, vocab, grams, None, common, windows)
     return results
 
 
-def fixed_examples(model, vocab, bank, stories, windows: torch.Tensor) -> list[dict]:
-    """The per-slot and the bank readout side by side for every (contexts // EXAMPLES)-th context (S, 5, N)."""
+def fixed_examples(model, vocab, bank, stories, windows: torch.Tensor, head: CoherenceHead | None = None) -> list[dict]:
+    """The per-slot and the bank readout side by side for every (contexts // EXAMPLES)-th context (S, 5, N), and
+    the bank ranked with the coherence `head` when there is one."""
     rows = list(range(0, len(windows), max(1, len(windows) // EXAMPLES)))[:EXAMPLES]
     context = windows[rows, :4]
     tokens = predict(model, context, {"kind": "tokens"}, vocab, bank)[:, 0]
     banked = predict(model, context, next(iter(bank_readouts().values())), vocab, bank)[:, 0]
-    return [
+    examples = [
         {
             "index": i,
             "context": list(stories[i].sentences[:4]),
@@ -220,19 +237,23 @@ def fixed_examples(model, vocab, bank, stories, windows: torch.Tensor) -> list[d
         }
         for i, t, b in zip(rows, tokens, banked)
     ]
+    if head is not None:
+        coherent = next(iter(bank_readouts(coherence=(COHERENCE_WEIGHT,)).values()))
+        for example, row in zip(examples, predict(model, context, coherent, vocab, bank, head=head)[:, 0]):
+            example["bank_coherence"] = vocab.decode(row)
+    return examples
 
 
-def bank_readouts(names_options=(True,), powers=(LENGTH_POWER,), guards=(True,)) -> dict[str, dict]:
+def bank_readouts(names_options=(True,), powers=(LENGTH_POWER,), guards=(True,), coherence=(None,)) -> dict[str, dict]:
+    """The bank readouts of every combination of the settings; a coherence weight of None ranks without the head."""
     return {
-        f"bank (names {'on' if n else 'off'}, length power {p}, guard {'on' if g else 'off'})": {
-            "kind": "bank",
-            "names": n,
-            "guard": g,
-            "length_power": p,
-        }
+        f"bank (names {'on' if n else 'off'}, length power {p}, guard {'on' if g else 'off'}"
+        + ("" if c is None else f", coherence {c:g}")
+        + ")": {"kind": "bank", "names": n, "guard": g, "length_power": p, **({} if c is None else {"coherence": c})}
         for n in names_options
         for p in powers
         for g in guards
+        for c in coherence
     }
 
 
@@ -249,9 +270,10 @@ def markdown(title: str, command: str, results: dict, examples: list[dict] | Non
         command,
         "```",
         "",
-        "| readout | well-formed (bigrams / trigrams) | word F1 | content-word F1 | slot accuracy | exact | mean tokens | "
-        "true in bank | retrieved when in bank | ms / prediction (batched / one) | 5-step rollouts with a repeat |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| readout | well-formed (bigrams / trigrams) | word F1 | content-word F1 | restated | slot accuracy | exact | "
+        "mean tokens | true in bank | retrieved when in bank | ms / prediction (batched / one) | "
+        "5-step rollouts with a repeat |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in results.items():
         formed = f"{cell(r, 'well_formed_2grams')} / {cell(r, 'well_formed_3grams')}" if "word_f1" in r else ""
@@ -264,6 +286,7 @@ def markdown(title: str, command: str, results: dict, examples: list[dict] | Non
                     formed,
                     cell(r, "word_f1"),
                     cell(r, "content_word_f1"),
+                    cell(r, "restated"),
                     cell(r, "slot_accuracy"),
                     cell(r, "exact", ".4f"),
                     cell(r, "mean_tokens", ".1f"),
@@ -279,14 +302,20 @@ def markdown(title: str, command: str, results: dict, examples: list[dict] | Non
 
 
 def examples_markdown(examples: list[dict]) -> list[str]:
+    coherent = "bank_coherence" in examples[0]
     lines = [
         "## Ten fixed contexts",
         "",
-        "| # | context (sentences 1-4) | per-slot readout | bank readout | true next sentence |",
-        "|---:|---|---|---|---|",
+        "| # | context (sentences 1-4) | per-slot readout | bank readout | "
+        + ("bank readout with the coherence head | " if coherent else "")
+        + "true next sentence |",
+        "|---:|---|---|---|---|" + ("---|" if coherent else ""),
     ]
     return lines + [
-        f"| {e['index']} | {' '.join(e['context'])} | {e['tokens']} | {e['bank']} | {e['true']} |" for e in examples
+        f"| {e['index']} | {' '.join(e['context'])} | {e['tokens']} | {e['bank']} | "
+        + (f"{e['bank_coherence']} | " if coherent else "")
+        + f"{e['true']} |"
+        for e in examples
     ]
 
 
@@ -302,6 +331,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--select", action="store_true", help="choose settings on held-out training stories")
     parser.add_argument("--heldout", type=int, default=1000, help="training stories held out with --select")
     parser.add_argument("--rollout-contexts", type=int, default=1000, help="contexts rolled out 5 steps")
+    parser.add_argument("--contexts", type=int, help="only the first K cloze contexts (default: all)")
+    parser.add_argument(
+        "--coherence",
+        action="store_true",
+        help="also the bank ranked with the folder's coherence head (with --select: only the bank, guarded, without "
+        "and with each weight of the head)",
+    )
     parser.add_argument(
         "--examples-only",
         action="store_true",
@@ -333,15 +369,22 @@ def readout_command(args: argparse.Namespace, command: str) -> int:
             file=sys.stderr,
         )
         return 2
+    head = load_coherence_head(args.checkpoint, model) if args.coherence else None
+    if args.coherence and head is None:
+        print(
+            f"error: {args.checkpoint} has no coherence head; train one with python -m world_model.training.coherence",
+            file=sys.stderr,
+        )
+        return 2
     if args.examples_only:
         windows = encode_windows(corpus.validation, vocab, model.config.n_tokens)
-        examples = fixed_examples(model, vocab, bank, corpus.validation, windows)
+        examples = fixed_examples(model, vocab, bank, corpus.validation, windows, head)
         (out / "examples.json").write_text(json.dumps({"command": command, "examples": examples}, indent=2) + "\n")
         (out / "examples.md").write_text("\n".join([f"```\n{command}\n```", "", *examples_markdown(examples)]) + "\n")
     elif args.select:
-        select_settings(model, vocab, corpus, args, command, out)
+        select_settings(model, vocab, corpus, args, command, out, head)
     else:
-        measure_readouts(model, vocab, corpus, bank, args, command, out)
+        measure_readouts(model, vocab, corpus, bank, args, command, out, head)
     return 0
 
 
@@ -352,9 +395,10 @@ def training_statistics(corpus) -> tuple[dict, frozenset[str]]:
     return {n: attested(train_sentences, n) for n in (2, 3)}, frozenset(t for t, _ in counts.most_common(COMMON_WORDS))
 
 
-def select_settings(model, vocab, corpus, args: argparse.Namespace, command: str, out: Path) -> None:
+def select_settings(model, vocab, corpus, args: argparse.Namespace, command: str, out: Path, head=None) -> None:
     """`--select`: every bank setting scored on the last `--heldout` training stories, with a bank built from the
-    others; writes selection.json and selection.md."""
+    others; writes selection.json and selection.md (with a coherence `head`: the guarded bank without and with each
+    weight of COHERENCE_WEIGHTS, coherence_selection.json and .md)."""
     grams, common = training_statistics(corpus)
     n_tokens = model.config.n_tokens
     kept, heldout = corpus.train[: -args.heldout], corpus.train[-args.heldout :]
@@ -365,8 +409,21 @@ def select_settings(model, vocab, corpus, args: argparse.Namespace, command: str
     guarded = bank_readouts(powers=(LENGTH_POWER,), guards=(True,))
     one_step = {"tokens": {"kind": "tokens"}, **grid}
     rollouts = {"tokens": {"kind": "tokens"}, **guarded, **bank_readouts(guards=(False,))}
+    name = "selection"
+    if head is not None:
+        one_step, rollouts, name = bank_readouts(coherence=(None, *COHERENCE_WEIGHTS)), {}, "coherence_selection"
     report = evaluate(
-        model, vocab, windows[:, :4], windows[:, 4], bank, one_step, rollouts, grams, args.rollout_contexts, common
+        model,
+        vocab,
+        windows[:, :4],
+        windows[:, 4],
+        bank,
+        one_step,
+        rollouts,
+        grams,
+        args.rollout_contexts,
+        common,
+        head,
     )
     payload = {
         "command": command,
@@ -375,24 +432,38 @@ def select_settings(model, vocab, corpus, args: argparse.Namespace, command: str
         "rollout_contexts": args.rollout_contexts,
         "results": report,
     }
-    (out / "selection.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (out / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
     title = (
         f"Readout settings chosen on {len(heldout)} held-out training stories (bank: the other "
         f"{len(corpus.train) - len(heldout)} stories' {len(sentences)} sentences)"
     )
-    (out / "selection.md").write_text(markdown(title, command, report, None))
+    (out / f"{name}.md").write_text(markdown(title, command, report, None))
 
 
-def measure_readouts(model, vocab, corpus, bank: SentenceBank, args: argparse.Namespace, command: str, out: Path):
-    """The per-slot and bank readouts on the cloze contexts; writes results.json and results.md."""
+def measure_readouts(
+    model, vocab, corpus, bank: SentenceBank, args: argparse.Namespace, command: str, out: Path, head=None
+):
+    """The per-slot and bank readouts on the cloze contexts (and the bank ranked with the coherence `head`, at
+    COHERENCE_WEIGHT, when one is given); writes results.json and results.md."""
     grams, common = training_statistics(corpus)
-    windows = encode_windows(corpus.validation, vocab, model.config.n_tokens)
-    one_step = {"tokens": {"kind": "tokens"}, **bank_readouts()}
+    windows = encode_windows(corpus.validation[: args.contexts], vocab, model.config.n_tokens)
+    coherent = {} if head is None else bank_readouts(coherence=(COHERENCE_WEIGHT,))
+    one_step = {"tokens": {"kind": "tokens"}, **bank_readouts(), **coherent}
     rollouts = {**one_step, **bank_readouts(guards=(False,))}
     report = evaluate(
-        model, vocab, windows[:, :4], windows[:, 4], bank, one_step, rollouts, grams, args.rollout_contexts, common
+        model,
+        vocab,
+        windows[:, :4],
+        windows[:, 4],
+        bank,
+        one_step,
+        rollouts,
+        grams,
+        args.rollout_contexts,
+        common,
+        head,
     )
-    examples = fixed_examples(model, vocab, bank, corpus.validation, windows)
+    examples = fixed_examples(model, vocab, bank, corpus.validation, windows, head)
     payload = {
         "command": command,
         "contexts": len(windows),

@@ -24,6 +24,7 @@ VARIANTS = ("summed", "per_token")
 REFERENCES = {  # published Story Cloze accuracies (test set of the spring 2016 release)
     "chance": 0.5,
     "DSSM (Mostafazadeh et al., 2016)": 0.585,
+    "Roemmele et al., 2017": 0.672,
     "GPT-1 (Radford et al., 2018)": 0.865,
 }
 
@@ -34,7 +35,8 @@ Scorer = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor
 def four_tensor_scores(
     model: nn.Module, context: torch.Tensor, endings: torch.Tensor, batch_size: int = 64
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed log-likelihood and scored-token count of each ending, (S, 2) each, under a 4-tensor model.
+    """Summed log-likelihood and scored-token count of each ending, (S, K) each, under a 4-tensor model:
+    context (S, 4, N), endings (S, K, N).
 
     `log_softmax` is applied to `last_slice_logits` in every case: it leaves log-probabilities unchanged."""
     device = next(model.parameters()).device
@@ -44,8 +46,9 @@ def four_tensor_scores(
             log_p = (
                 model.last_slice_logits(context[start : start + batch_size].to(device)).float().log_softmax(-1)
             )  # (B, N, V)
-            ends = endings[start : start + batch_size].to(device).long()  # (B, 2, N)
-            picked = log_p[:, None].expand(-1, 2, -1, -1).gather(-1, ends[..., None])[..., 0]  # (B, 2, N)
+            ends = endings[start : start + batch_size].to(device).long()  # (B, K, N)
+            slots = torch.arange(ends.shape[-1], device=device)[None, None, :]
+            picked = log_p[torch.arange(len(ends), device=device)[:, None, None], slots, ends]  # (B, K, N)
             sums.append(torch.where(ends != PAD_ID, picked, 0.0).sum(-1).double().cpu())
     return torch.cat(sums), (endings != PAD_ID).sum(-1).double()
 
@@ -54,7 +57,8 @@ def four_tensor_scores(
 def baseline_scores(
     model: nn.Module, context: torch.Tensor, endings: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed log-likelihood (closing [EOS] included) and scored-token count of each ending under the baseline."""
+    """Summed log-likelihood (closing [EOS] included) and scored-token count of each ending (S, K, N) under the
+    baseline, (S, K) each."""
     device = next(model.parameters()).device
     with eval_mode(model):
         sums = model.score_sentences(context.to(device), endings.to(device)).double().cpu()
@@ -62,8 +66,8 @@ def baseline_scores(
 
 
 def floor_scores(floor: CountFloor, context: torch.Tensor, endings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed log-likelihood and scored-token count of each ending under a count floor."""
-    sums = torch.stack([floor.token_log_probs(context, endings[:, k]).sum(-1) for k in range(2)], dim=1)
+    """Summed log-likelihood and scored-token count of each ending (S, K, N) under a count floor, (S, K) each."""
+    sums = floor.token_log_probs(context, endings).sum(-1)
     return sums, (endings != PAD_ID).sum(-1).double()
 
 
@@ -83,13 +87,18 @@ def floor_scorer(floor: CountFloor) -> Scorer:
     return lambda context, endings: floor_scores(floor, context, endings)
 
 
+def choice_accuracy(scores: torch.Tensor, answer: torch.Tensor) -> float:
+    """Share of stories whose right ending (column answer[s] of scores (S, 2)) scores above the other; a tie earns
+    half a story."""
+    right, wrong = scores.gather(1, answer[:, None])[:, 0], scores.gather(1, 1 - answer[:, None])[:, 0]
+    return float(((right > wrong).double() + 0.5 * (right == wrong).double()).mean())
+
+
 def accuracy(sums: torch.Tensor, tokens: torch.Tensor, answer: torch.Tensor) -> dict:
     """{"summed", "per_token"} accuracy of picking the higher-scored ending (S, 2) against `answer` (S,) in {0, 1}."""
-    out = {}
-    for variant, score in (("summed", sums), ("per_token", sums / tokens)):
-        right, wrong = score.gather(1, answer[:, None])[:, 0], score.gather(1, 1 - answer[:, None])[:, 0]
-        out[variant] = float(((right > wrong).double() + 0.5 * (right == wrong).double()).mean())
-    return out
+    return {
+        variant: choice_accuracy(score, answer) for variant, score in (("summed", sums), ("per_token", sums / tokens))
+    }
 
 
 def story_cloze(scorer: Scorer, halves: dict[str, list[ClozeStory]], vocab: Vocabulary, n: int = 16) -> dict:

@@ -54,7 +54,8 @@ def predict(
     check_request(sentences, steps, generation.samples)
     model, vocab, known = load_predictor(checkpoint)
     c = model.config
-    chosen = resolve_readout(checkpoint, known, generation.readout, vocab, c.n_tokens)
+    coherence_for = model if generation.coherence else None
+    chosen = resolve_readout(checkpoint, known, generation.readout, vocab, c.n_tokens, coherence_for)
     window = caption_window(sentences, vocab, c.n_states, c.n_tokens)
     warnings = [
         f"sentence {i} has {n} tokens; the predictor reads only its first {c.n_tokens}"

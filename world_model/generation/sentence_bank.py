@@ -13,6 +13,11 @@ shortest sentences), and takes the best. Two rules keep the result about the sto
   capitalises mid-sentence and follows with a verb (`find_names`).
 - **Repeat guard.** A sentence already in the window is never predicted again, so a rollout does not loop.
 
+Opt-in, with a predictor folder's coherence head (`world_model.models.coherence_head`, `--coherence` of the
+commands): each sentence's score gains `COHERENCE_WEIGHT` times the head's score of it as the next sentence (the
+head's similarity of the window and the sentence, plus its weight times the predictor's per-token likelihood ratio
+against a blank window), so the pick follows what the head learned comes next rather than what restates the window.
+
 A predictor folder carries its bank as sentence_bank.json.gz (`save_bank`, `python -m world_model.generation.sentence_bank`);
 any folder with one reads its states off the bank unless told otherwise (`resolve_readout`).
 
@@ -37,7 +42,8 @@ from typing import Sequence
 
 import torch
 
-from world_model.models.checkpoint import resolve_folder
+from world_model.models.checkpoint import CheckpointError, resolve_folder
+from world_model.models.coherence_head import HEAD_CONFIG, CoherenceHead, load_coherence_head, pooled_state
 from world_model.models.decoding import KNOWN_SENTENCES_NAME, choose_candidates, load_confidence_temperature
 from world_model.models.explanations import ALTERNATIVES, LastSliceProbe, StepExplanation, closed_set_choice
 from world_model.models.four_tensor import FourTensorModel
@@ -51,6 +57,9 @@ SAMPLE_TOP_K = 20  # sampling draws among this many best sentences unless top_k 
 # length-normalised scores are nearly flat and a draw is any sentence at all
 # score = summed slot log-likelihood / length ** LENGTH_POWER, chosen in results/readout/selection.md
 LENGTH_POWER = 1.5
+# weight of the coherence head's score beside the length-normalised likelihood, chosen on held-out training stories
+# (results/coherence/readout/coherence_selection.md: highest content-word F1)
+COHERENCE_WEIGHT = 0.1
 _WORD = re.compile(r"[^\W_]+(?:['\-][^\W_]+)*")
 _VERB_LIKE = frozenset(
     "was had went got is did took made saw felt knew told said gave ran came thought found bought "
@@ -132,7 +141,9 @@ class SentenceBank:
     possessive_ids: dict[int, int]  # id of a name -> id of its possessive, where the vocabulary has one
 
     def __post_init__(self) -> None:
-        """A hash (C,) of every candidate row, to find the rows equal to a window's states fast."""
+        """A hash (C,) of every candidate row, to find the rows equal to a window's states fast, and room for the
+        sentence vectors (C, dim) of a coherence head (`CoherentRanking.for_bank`)."""
+        self.coherence_vectors: dict[tuple, torch.Tensor] = {}
         generator = torch.Generator().manual_seed(0)
         self.hash_weights = torch.randint(1, 2**40, (self.candidates.shape[1],), generator=generator)  # (N,)
         self.hashes = (self.candidates * self.hash_weights).sum(dim=1)
@@ -269,6 +280,39 @@ def seen_in_window(bank: SentenceBank, edits: tuple[torch.Tensor, ...], window: 
     return seen
 
 
+@dataclass
+class CoherentRanking:
+    """What the coherence head adds to the bank scores of one step: the head, its sentence vectors of the bank
+    (C, dim), the window's context vectors (B, dim) and the predictor's per-slot log-probabilities after a blank
+    window (N, V)."""
+
+    head: CoherenceHead
+    sentences: torch.Tensor
+    context: torch.Tensor | None = None
+    blank: torch.Tensor | None = None
+
+    @classmethod
+    def for_bank(cls, head: CoherenceHead, bank: SentenceBank) -> "CoherentRanking":
+        """The ranking of `bank` with `head`; the bank's sentence vectors are computed once per bank and head."""
+        weight = head.sentence_encoder.embedding.weight
+        key = (id(head), weight.data_ptr(), weight._version)
+        if key not in bank.coherence_vectors:
+            bank.coherence_vectors = {key: head.sentence_encoder(bank.candidates)}  # the latest head's only
+        return cls(head, bank.coherence_vectors[key])
+
+    def read(self, model, window: torch.Tensor) -> None:
+        """Set the context vectors and the blank log-probabilities for the windows (B, T, N) of this step."""
+        self.context = self.head.context_vectors(pooled_state(model.encode(window), window), window).cpu()
+        self.blank = self.head.slot_log_probs(model, torch.zeros_like(window[:1]))[0].cpu()
+
+    def scores(self, b: int, bank: SentenceBank, edits: tuple[torch.Tensor, ...], likelihood: torch.Tensor):
+        """The head's score (C,) of every bank sentence after window b, given their summed log-likelihoods (C,)."""
+        blank = bank_scores(bank, edits, self.blank)
+        tokens = (bank.candidates != PAD_ID).sum(dim=1).clamp(min=1)
+        ratio = (likelihood - blank) / tokens
+        return self.head.scale * (self.sentences @ self.context[b]) + self.head.config.model_weight * ratio
+
+
 @torch.no_grad()
 def bank_rollout(
     model,
@@ -281,6 +325,8 @@ def bank_rollout(
     names: bool = True,
     guard: bool = True,
     length_power: float = LENGTH_POWER,
+    coherence: CoherenceHead | None = None,
+    coherence_weight: float = COHERENCE_WEIGHT,
     explanations: list[StepExplanation] | None = None,
     alternatives: int = ALTERNATIVES,
 ) -> torch.Tensor:
@@ -288,7 +334,8 @@ def bank_rollout(
 
     Each step scores the bank for every window (`bank_scores`), with the window's names put in when `names`,
     divides each score by the sentence's length ** `length_power`, excludes sentences already in the window
-    when `guard` (unless that excludes them all), takes the best (temperature 0) or samples from
+    when `guard` (unless that excludes them all), adds `coherence_weight` times the `coherence` head's score when a
+    head is given (module docstring), takes the best (temperature 0) or samples from
     softmax(score / temperature) within the top_k (default `SAMPLE_TOP_K`), and slides the window as
     `model.rollout` does. The bank
     stays on the CPU; the model runs where its weights are, and the states come back on the window's device.
@@ -301,17 +348,24 @@ def bank_rollout(
     window, n_states = window.long().cpu(), model.config.n_states
     index = torch.arange(len(bank.candidates))[:, None]  # (C, 1): `choose_candidates` then returns row numbers
     length = (bank.candidates != PAD_ID).sum(dim=1).float() ** length_power  # (C,)
+    if coherence is not None and not hasattr(model, "last_slice_logits"):
+        raise ValueError("a coherence head reads the 4-tensor predictor's state; this model has none")
+    ranking = None if coherence is None else CoherentRanking.for_bank(coherence.cpu(), bank)
     predicted = []
     for _ in range(steps):
         with LastSliceProbe(model, active=explanations is not None) as probe:
             log_probs = slot_log_probs(model, window.to(device))
+        if ranking is not None:
+            ranking.read(model, window.to(device))
         states, choices = [], []
         for b in range(len(window)):
             edits = bank.name_edits(bank.context_names(window[b]) if names else [])
-            scores = bank_scores(
+            likelihood = bank_scores(
                 bank, edits, None if log_probs is None else log_probs[b].cpu(), model, window[b : b + 1].to(device)
             )
-            scores = scores / length
+            scores = likelihood / length
+            if ranking is not None:
+                scores = scores + coherence_weight * ranking.scores(b, bank, edits, likelihood)
             if guard:
                 seen = seen_in_window(bank, edits, window[b])
                 if not seen.all():
@@ -346,6 +400,7 @@ class Readout:
     known: torch.Tensor | None = None  # (C, N) for "sentences"
     bank: SentenceBank | None = None  # for "bank"
     confidence_temperature: float = 1.0  # for "sentences": explanations report softmax(score / this)
+    coherence: CoherenceHead | None = None  # for "bank": rank with the folder's coherence head
 
     @property
     def name(self) -> str:
@@ -377,7 +432,15 @@ class Readout:
         generation = replace(generation, confidence_temperature=self.confidence_temperature)
         if self.kind == "bank":
             return bank_rollout(
-                model, window, steps, self.bank, generation.temperature, generation.top_k, generator, **explain
+                model,
+                window,
+                steps,
+                self.bank,
+                generation.temperature,
+                generation.top_k,
+                generator,
+                coherence=self.coherence,
+                **explain,
             )
         return model.rollout(window, steps, generation, generator, candidates=self.known, **explain)
 
@@ -407,10 +470,18 @@ class Readout:
 
 
 def resolve_readout(
-    folder: str | os.PathLike, known: torch.Tensor | None, readout: str, vocab: Vocabulary, n_tokens: int
+    folder: str | os.PathLike,
+    known: torch.Tensor | None,
+    readout: str,
+    vocab: Vocabulary,
+    n_tokens: int,
+    coherence_for=None,
 ) -> Readout:
     """The readout a predictor folder gets: `auto` takes its known sentences, else its sentence bank, else
-    tokens; `sentences` and `bank` require the file; `tokens` reads tokens off freely."""
+    tokens; `sentences` and `bank` require the file; `tokens` reads tokens off freely. With `coherence_for`, the
+    folder's predictor, its bank readout ranks with the folder's coherence head, which it then must have."""
+    if coherence_for is not None:
+        return coherent_readout(folder, coherence_for, resolve_readout(folder, known, readout, vocab, n_tokens))
     if readout not in READOUT_CHOICES:
         raise ValueError(f"readout must be one of {', '.join(READOUT_CHOICES)}, got {readout!r}")
     if readout == "tokens":
@@ -431,6 +502,23 @@ def resolve_readout(
             "one with python -m world_model.generation.sentence_bank, or use readout 'tokens'"
         )
     return Readout("tokens") if bank is None else Readout("bank", bank=bank)
+
+
+def coherent_readout(folder: str | os.PathLike, model, readout: Readout) -> Readout:
+    """`readout` ranking its bank with the folder's coherence head; ValueError unless it is a bank readout and the
+    folder holds a head that fits `model`."""
+    if readout.kind != "bank":
+        raise ValueError(f"coherence ranks the sentences of a bank readout; this one reads {readout.name}")
+    try:
+        head = load_coherence_head(resolve_folder(folder), model)
+    except CheckpointError as err:
+        raise ValueError(str(err)) from err
+    if head is None:
+        raise ValueError(
+            f"coherence needs {HEAD_CONFIG} in the predictor folder {folder}, which has none; train one with "
+            "python -m world_model.training.coherence"
+        )
+    return replace(readout, coherence=head)
 
 
 def write_rocstories_bank(folder: str | os.PathLike, data_dir: str | os.PathLike, stories: int | None = None) -> Path:

@@ -32,7 +32,9 @@ class GenerationConfig:
     (or known sentence) drawn at `temperature` among the `top_k` likeliest, from a generator seeded with `seed`.
     `readout`: sentences (one of the predictor's known sentences), bank (one of its sentence bank's), tokens (read
     off freely; the paper's per-slot readout for the 4-tensor model) or auto (known sentences, else the bank, else
-    tokens). `precision` bf16 runs the predictor's matrix products under bf16 autocast (`world_model.models.precision`).
+    tokens). `coherence` ranks a bank's sentences with the predictor folder's coherence head as well
+    (`world_model.generation.sentence_bank`). `precision` bf16 runs the predictor's matrix products under bf16
+    autocast (`world_model.models.precision`).
     The fields with help are the commands' flags (`transformers.HfArgumentParser`)."""
 
     _argument_group_name = "generation"
@@ -51,6 +53,13 @@ class GenerationConfig:
             "help": "sentences: pick each state from the predictor's known sentences; bank: from its sentence bank; "
             "tokens: read tokens off freely (the paper's per-slot readout); auto (default): known sentences, else "
             "the bank, else tokens",
+        },
+    )
+    coherence: bool = field(
+        default=False,
+        metadata={
+            "help": "bank readout: rank its sentences with the predictor folder's coherence head "
+            "(coherence_head.safetensors, python -m world_model.training.coherence)"
         },
     )
     precision: str = field(

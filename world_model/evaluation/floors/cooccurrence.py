@@ -120,27 +120,31 @@ class CooccurrenceFloor:
         return r
 
     def rescaled_probs(self, context: torch.Tensor, target: torch.Tensor, betas: tuple[float, ...]) -> torch.Tensor:
-        """q(target[s, n] | n, C_s) at each exponent of `betas`: float64 (len(betas), S, N), 0 at padding targets."""
+        """q(target[s, ..., n] | n, C_s) at each exponent of `betas`: target (S, N) or (S, K, N), K candidate
+        sentences a window -> float64 (len(betas), *target.shape), 0 at padding targets."""
         out = torch.zeros(len(betas), *target.shape, dtype=torch.float64)
-        slots = torch.arange(target.shape[1])[None, :]
+        n = target.shape[-1]
+        slots = torch.arange(n)[None, :]
         for start in range(0, len(context), CHUNK):
             part = slice(start, start + CHUNK)
-            r, tgt = self.ratios(context[part]), target[part].long()
+            r, tgt = self.ratios(context[part]), target[part].long().reshape(-1, n)  # (s, V), (s K, N)
+            per_window = len(tgt) // len(r)
             for b, beta in enumerate(betas):
                 rb = r**beta  # (s, V)
                 z = rb @ self.table.T  # (s, N): sum over v of p_pos(v | n) r(v)^beta
-                out[b, part] = self.table[slots, tgt] * rb.gather(1, tgt) / z
+                rb, z = rb.repeat_interleave(per_window, dim=0), z.repeat_interleave(per_window, dim=0)  # (s K, .)
+                out[b, part] = (self.table[slots, tgt] * rb.gather(1, tgt) / z).reshape(target[part].shape)
         return out
 
     def token_probs(self, context: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """p(target[s, n]) given the window's context (S, 4, N): float64 (S, N)."""
+        """p(target[s, ..., n]) given the window's context (S, 4, N): target (S, N) or (S, K, N) -> float64 like it."""
         q = self.rescaled_probs(context, target, (self.beta,))[0]
         copy, has_context = context_copy(context, target)
-        w = has_context.double()[:, None] * self.copy_weight
+        w = has_context.double().reshape(-1, *([1] * (target.dim() - 1))) * self.copy_weight
         return (1 - w) * q + w * copy
 
     def token_log_probs(self, context: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """log p(target[s, n]) given the context (S, 4, N): float64 (S, N), 0 at padding targets."""
+        """log p(target[s, ..., n]) given the context (S, 4, N): float64 like target, 0 at padding targets."""
         return torch.where(target != PAD_ID, self.token_probs(context, target).log(), 0.0)
 
     def predictions(self, context: torch.Tensor) -> torch.Tensor:

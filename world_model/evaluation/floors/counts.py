@@ -95,8 +95,8 @@ class CountFloor:
         return copy, weight.reshape(-1, *([1] * (ids.dim() - 1)))
 
     def token_probs(self, context: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """p(target[s, n]) given the window's context (S, 4, N): float64 (S, N)."""
-        slots = torch.arange(target.shape[1])[None, :]
+        """p(target[s, ..., n]) given the window's context (S, 4, N): target (S, N) or (S, K, N) -> float64 like it."""
+        slots = torch.arange(target.shape[-1])
         p = self.table[slots, target.long()]
         if self.copy_weight:
             copy, w = self._copy(context, target.long())
@@ -104,7 +104,7 @@ class CountFloor:
         return p
 
     def token_log_probs(self, context: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """log p(target[s, n]) given the context (S, 4, N): float64 (S, N), 0 at padding targets."""
+        """log p(target[s, ..., n]) given the context (S, 4, N): float64 like target, 0 at padding targets."""
         return torch.where(target != PAD_ID, self.token_probs(context, target).log(), 0.0)
 
     def predictions(self, context: torch.Tensor) -> torch.Tensor:
