@@ -64,6 +64,13 @@ class FrameSampling:
     frames_per_state: int | None = field(
         default=None, metadata={"help": "frames tiled into each state strip (default: the preset's, else 1)"}
     )
+    merge_repeats: bool | None = field(
+        default=None,
+        metadata={
+            "help": "consecutive identical captions are one state of the window: true or false (default: the "
+            "preset's; true but for the offline pack, whose predictor reads one sentence per second)"
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.interval is not None and self.num_frames is not None:
@@ -121,7 +128,7 @@ class Plan:
 
     preset: PipelinePreset
     reason: str  # why this preset
-    frames: FrameSampling  # frames_per_state filled in from the preset
+    frames: FrameSampling  # frames_per_state and merge_repeats filled in from the preset
     device: str
 
 
@@ -135,4 +142,6 @@ def make_plan(models: ModelChoice, frames: FrameSampling) -> Plan:
     preset = preset.with_models(named)
     if frames.frames_per_state is None:
         frames = replace(frames, frames_per_state=1 if frames.num_frames is not None else preset.frames_per_state)
+    if frames.merge_repeats is None:
+        frames = replace(frames, merge_repeats=preset.merge_repeats)
     return Plan(preset, reason, frames, str(default_device(models.device)))

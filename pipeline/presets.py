@@ -29,6 +29,7 @@ class PipelinePreset:
     renderer: str
     predictor: str
     frames_per_state: int = 1  # YAML `sampling.frames_per_state`: frames tiled into each state strip
+    merge_repeats: bool = True  # YAML `sampling.merge_repeats`: consecutive identical captions are one state
     captioner_options: dict = field(default_factory=dict)  # keyword arguments of HFCaptioner.from_pretrained
     renderer_options: dict = field(default_factory=dict)  # keyword arguments of DiffusersRenderer.from_pretrained
 
@@ -65,6 +66,7 @@ def load_preset(name: str) -> PipelinePreset:
         name=name,
         **{c: resolve_model_path(str(entries[c])) for c in COMPONENTS},
         frames_per_state=int((entries.get("sampling") or {}).get("frames_per_state", 1)),
+        merge_repeats=bool((entries.get("sampling") or {}).get("merge_repeats", True)),
         captioner_options=dict(entries.get("captioner_options") or {}),
         renderer_options=dict(entries.get("renderer_options") or {}),
     )

@@ -151,7 +151,7 @@ def run_in(
     with timed(timings, "predict"):
         report(0.5, "predicting")
         c = predictor.model.config
-        states = caption_states(captions)  # repeated captions are one state
+        states = caption_states(captions, f.merge_repeats)  # repeated captions are one state, if merged
         window = caption_window([s.caption for s in states], predictor.vocab, c.n_states, c.n_tokens)
         predictions = predict(predictor, readout, window, states, steps, generation, plan.device)
     with timed(timings, "render"):
@@ -278,7 +278,10 @@ def summary(result: RolloutResult, explain: bool = False) -> str:
         + ("  [outside the captioner's world]" if (o["grounding"] or {}).get("grounded") is False else "")
         for o in r["observed"]
     ]
-    lines.append(f"states: {len(r['states'])} distinct of {len(r['observed'])} captions (repeats merged)")
+    merged = (
+        "repeats merged" if r["sampling"]["merge_repeats"] else "repeats kept, as the preset's predictor reads them"
+    )
+    lines.append(f"states: {len(r['states'])} of {len(r['observed'])} captions ({merged})")
     for k, p in enumerate(r["predictions"]):
         lines.append(f"predicted{'' if len(r['predictions']) == 1 else f' (sample {k + 1})'}:")
         for s, text in enumerate(p["sentences"]):

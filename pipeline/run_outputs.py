@@ -124,6 +124,7 @@ def rollout_record(
             "num_frames": f.num_frames,
             "max_frames": f.max_frames,
             "frames_per_state": f.frames_per_state,
+            "merge_repeats": f.merge_repeats,
             "steps": steps,
             "temperature": generation.temperature,
             "top_k": generation.top_k,

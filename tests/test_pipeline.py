@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pipeline import rollout as rollout_module
-from pipeline.config import FrameSampling, ModelChoice
+from pipeline.config import FrameSampling, ModelChoice, make_plan
 from pipeline.rollout import main, run_rollout
 from pipeline.run_folder import RunFolderError
 from pipeline.tiny_pack import make_tiny_blip, make_tiny_sd
@@ -290,9 +290,34 @@ def test_repeated_captions_are_one_state_with_its_time_span(models, tmp_path, mo
         {"sentence": "the square stops.", "observed": [2, 3], "start_s": 2.0, "end_s": 3.0},
         {"sentence": "a red square.", "observed": [4, 4], "start_s": 4.0, "end_s": 4.0},
     ]
-    assert "states: 3 distinct of 5 captions" in rollout_module.summary(result)
+    assert "states: 3 of 5 captions (repeats merged)" in rollout_module.summary(result)
     n_states = len(record["window"]["states"])
     assert record["window"]["states"] == [""] * (n_states - 3) + ["a red square.", "the square stops.", "a red square."]
+
+
+def test_repeated_captions_stay_states_of_their_own_when_merging_is_off(models, tmp_path, monkeypatch):
+    video = write_test_clip(tmp_path / "three.mp4", seconds=3.0, fps=10)
+    captions = ["a red square", "a red square", "the square stops"]
+    monkeypatch.setattr(rollout_module, "load_captioner", lambda *a: lambda images: captions[: len(images)])
+    with one_torch_thread():
+        result = run_rollout(
+            video, 1, models=choice(models), frames=FrameSampling(merge_repeats=False), output=tmp_path / "run"
+        )
+    record = result.record
+    assert record["sampling"]["merge_repeats"] is False
+    assert [s["observed"] for s in record["states"]] == [[0, 0], [1, 1], [2, 2]]
+    assert record["window"]["states"][-3:] == ["a red square.", "a red square.", "the square stops."]
+    assert "states: 3 of 3 captions (repeats kept" in rollout_module.summary(result)
+
+
+def test_the_offline_pack_reads_one_sentence_per_interval_and_other_presets_merge():
+    from pipeline.presets import load_preset
+
+    assert load_preset("offline").merge_repeats is False
+    assert load_preset("hub").merge_repeats is True
+    plan = make_plan(ModelChoice(preset="offline"), FrameSampling())
+    assert plan.frames.merge_repeats is False
+    assert make_plan(ModelChoice(preset="offline"), FrameSampling(merge_repeats=True)).frames.merge_repeats is True
 
 
 def test_captions_cut_to_the_token_slots_are_warned_about(models, clip, tmp_path, monkeypatch):

@@ -36,16 +36,17 @@ class CaptionState:
         return as_state_sentence(self.caption)
 
 
-def caption_states(captions: list[str]) -> list[CaptionState]:
+def caption_states(captions: list[str], merge: bool = True) -> list[CaptionState]:
     """Merge consecutive captions that are the same sentence up to case, spacing and the final full stop
-    (equal `tokenize` tokens of their state sentences) into one state each, in order.
+    (equal `tokenize` tokens of their state sentences) into one state each, in order; with `merge` False,
+    every caption is a state of its own.
 
     Near-identical frames give identical captions; merged, the predictor's window holds the clip's last
     distinct states instead of one state repeated.
     """
     states: list[CaptionState] = []
     for i, caption in enumerate(captions):
-        if states and tokenize(states[-1].sentence) == tokenize(as_state_sentence(caption)):
+        if merge and states and tokenize(states[-1].sentence) == tokenize(as_state_sentence(caption)):
             states[-1].last = i
         else:
             states.append(CaptionState(caption, i, i))
