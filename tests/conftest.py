@@ -5,10 +5,21 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+import signal
+
 import pytest
 import yaml
 
 from pipeline import presets
+
+# A shell that starts the suite in the background (no job control, or nohup) leaves SIGINT (or SIGHUP) ignored, and
+# the commands rightly keep an ignored stop signal ignored; the signal tests need them live, in this process and in
+# the commands it starts, so they get Python's usual dispositions, wherever the suite was started from.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+for _stop in (signal.SIGTERM, signal.SIGHUP):
+    if signal.getsignal(_stop) is signal.SIG_IGN:
+        signal.signal(_stop, signal.SIG_DFL)
 
 
 @pytest.fixture
