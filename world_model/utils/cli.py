@@ -162,11 +162,14 @@ class SettingsParser(HfArgumentParser):
 
     def parse(self, argv: list[str] | None) -> tuple:
         """The settings dataclasses filled from `argv` (None: sys.argv), in the order given to the parser, then a
-        namespace of the other arguments if the command added any. An unknown flag or a value of the wrong type
-        exits 2 with the usage message; a setting a dataclass refuses raises its ValueError."""
-        *parsed, unknown = self.parse_args_into_dataclasses(
-            argv, return_remaining_strings=True, look_for_args_file=False
-        )
+        namespace of the other arguments if the command added any. An unknown flag, a value of the wrong type or
+        a setting its dataclass refuses (a ValueError from its checks) exits 2 with the usage message."""
+        try:
+            *parsed, unknown = self.parse_args_into_dataclasses(
+                argv, return_remaining_strings=True, look_for_args_file=False
+            )
+        except ValueError as err:
+            self.error(one_line(err))
         if unknown:
             self.error(f"unrecognized arguments: {' '.join(unknown)}")
         return tuple(parsed)
