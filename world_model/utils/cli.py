@@ -160,15 +160,18 @@ class SettingsParser(HfArgumentParser):
         count = "+" if lengths[-1] is Ellipsis else len(lengths)  # tuple[int, ...]: one or more; tuple[int, int]: 2
         parser.add_argument(*names, type=lengths[0], nargs=count, action=StoreTuple, default=field.default, **options)
 
-    def parse(self, argv: list[str] | None) -> tuple:
+    def parse(self, argv: list[str] | None, usage_on_bad_setting: bool = True) -> tuple:
         """The settings dataclasses filled from `argv` (None: sys.argv), in the order given to the parser, then a
-        namespace of the other arguments if the command added any. An unknown flag, a value of the wrong type or
-        a setting its dataclass refuses (a ValueError from its checks) exits 2 with the usage message."""
+        namespace of the other arguments if the command added any. An unknown flag or a value of the wrong type
+        exits 2 with the usage message; so does a setting its dataclass refuses (a ValueError from its checks),
+        unless `usage_on_bad_setting` is False: then the ValueError is raised for the command to report."""
         try:
             *parsed, unknown = self.parse_args_into_dataclasses(
                 argv, return_remaining_strings=True, look_for_args_file=False
             )
         except ValueError as err:
+            if not usage_on_bad_setting:
+                raise
             self.error(one_line(err))
         if unknown:
             self.error(f"unrecognized arguments: {' '.join(unknown)}")
