@@ -1,7 +1,7 @@
 """How sure, checked: a predictor's next-state probabilities against the synthetic world's exact distributions.
 
 For every second t >= 1 of every episode, the predictor reads the window of the sentences before t (as in training,
-`world_model.data.synthetic.sentences.sentence_windows`) and gives each known sentence c a probability
+`world_model.data.synthetic.episodes.sentence_windows`) and gives each known sentence c a probability
 
     q_c = softmax_c(score_c / tau),   score_c = the closed-set readout's summed slot log-likelihood
 
@@ -39,7 +39,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from world_model.data.synthetic.sentences import episode_sentences, read_episodes, sentence_windows
+from world_model.data.synthetic.episodes import episode_sentences, read_episodes, sentence_windows
 from world_model.models.checkpoint import CheckpointError
 from world_model.models.decoding import CALIBRATION_NAME, slot_log_likelihood
 from world_model.models.registry import load_predictor

@@ -7,7 +7,7 @@
 DATA_DIR is either a ROCStories folder (ROCStories*.csv for training, cloze_test_*.csv for validation; one
 window of 5 sentences per story) or a synthetic-world folder holding train/episodes.jsonl
 (configs/world_model/synthetic.yaml; one window per second t >= 1 of an episode: the T sentences before it,
-left-padded at the start, then sentence t; see world_model.data.synthetic.sentences). The kind is read off the
+left-padded at the start, then sentence t; see world_model.data.synthetic.episodes). The kind is read off the
 folder's contents.
 
 OUT_DIR receives run.json, metrics.jsonl, curves.png, best/, last/ and summary.json (see
@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from world_model.data.synthetic.sentences import data_kind, known_sentences
+from world_model.data.synthetic.episodes import data_kind, known_sentences
 from world_model.evaluation.floors import count_copy_prior, count_prior
 from world_model.models.precision import PRECISIONS
 from world_model.models.registry import build_model, count_parameters, model_vocab_size
