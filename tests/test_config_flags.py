@@ -1,6 +1,7 @@
 """Command-line flags generated from settings dataclasses (world_model.utils.cli.SettingsParser), as every command
 builds its parser."""
 
+import importlib
 from dataclasses import dataclass, field
 
 import pytest
@@ -55,3 +56,36 @@ def test_the_help_names_the_dashed_flag_first(capsys):
         parse(["--help"])
     out = capsys.readouterr().out
     assert "--batch-size BATCH_SIZE, --batch_size BATCH_SIZE" in out and "--size" not in out
+
+
+COMMANDS = [  # (module, the arguments it requires)
+    ("world_model.training.train", ["--config", "c.yaml", "--data", "d", "--out", "o"]),
+    ("world_model.benchmark.table5", ["--preset", "cpu", "--data", "d", "--out", "o"]),
+    ("world_model.benchmark.sweep", ["--preset", "cpu", "--data", "d", "--out", "o"]),
+    ("world_model.training.export", ["--run", "r", "--out", "o", "--command", "c"]),
+    ("world_model.data.rocstories", ["d"]),
+    ("world_model.data.synthetic.generator", ["generate", "--episodes", "1", "--out", "o"]),
+    ("world_model.data.synthetic.sentences", ["--checkpoint", "c", "--data", "d"]),
+    ("world_model.evaluation.calibration", ["--checkpoint", "c", "--heldout", "h", "--out", "o"]),
+    ("world_model.generation.sentence_bank", ["--data", "d", "--out", "o"]),
+    ("world_model.generation.predict", ["a sentence"]),
+    ("pipeline.rollout", ["clip.mp4"]),
+    ("pipeline.bench", []),
+    ("pipeline.explain_bench", []),
+    ("pipeline.pack.evaluate_world", ["--data", "d", "--episodes", "1", "--out", "o"]),
+    ("pipeline.pack.grounding", ["measure", "--captioner", "c", "--data", "d"]),
+    ("pipeline.pack.round_trip", ["--renderer", "r", "--sentences", "s.txt"]),
+    ("pipeline.pack.train_captioner", ["--data", "d", "--out", "o"]),
+    ("pipeline.pack.train_renderer", ["--data", "d", "--out", "o"]),
+    ("apps.demo.app", []),
+]
+
+
+@pytest.mark.parametrize("module, required", COMMANDS, ids=[m for m, _ in COMMANDS])
+def test_every_command_refuses_an_unknown_flag_with_its_usage_and_exit_2(module, required, capsys):
+    main = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as stop:
+        main([*required, "--no-such-flag", "1"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith("usage: python -m ")
+    assert "error: unrecognized arguments: --no-such-flag 1" in err
