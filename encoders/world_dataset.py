@@ -19,7 +19,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from encoders.frames import sample_frames
-from world_model.data.synthetic.sentences import read_records
+from world_model.data.synthetic.episodes import read_records
 from world_model.data.synthetic.simulation import STATE_FRAMES, STRIP_SIZE
 
 

@@ -28,7 +28,6 @@ from typing import Callable
 
 import numpy as np
 from tqdm.auto import tqdm
-from transformers import HfArgumentParser
 
 from encoders.frames import sample_frames
 from encoders.grounding import clip_verdict
@@ -40,7 +39,7 @@ from pipeline.run_outputs import rollout_record, window_warnings, write_json, wr
 from world_model.generation.explain import describe_slice, explain_lines, probability_text, step_records
 from world_model.models.generation_config import GenerationConfig
 from world_model.text.windows import CaptionState, CaptionWindow, caption_states, caption_window, decode_states
-from world_model.utils.cli import check_device, run_command
+from world_model.utils.cli import SettingsParser, check_device, run_command
 from world_model.utils.files import replace_dir
 from world_model.utils.timing import timed
 
@@ -321,10 +320,9 @@ def parse_args(
 ) -> tuple[argparse.Namespace, ModelChoice, FrameSampling, GenerationConfig, OutputConfig]:
     """The command's flags: the fields of the four settings dataclasses, and the clip, --steps, --verbose, --debug.
     A bad setting raises ValueError (the dataclasses check themselves)."""
-    parser = HfArgumentParser(
+    parser = SettingsParser(
         (ModelChoice, FrameSampling, GenerationConfig, OutputConfig),
         prog="python -m pipeline.rollout",
-        formatter_class=argparse.HelpFormatter,
         description=__doc__.split("\n\n")[0] + f" Presets: {', '.join(available_presets())}.",
     )
     parser.add_argument("video", type=Path, help="the clip to read")
@@ -343,7 +341,7 @@ def parse_args(
         help="print under each predicted step its probability, the likeliest alternatives and the caption it drew on "
         "most (rollout.json holds them either way)",
     )
-    models, frames, generation, output, rest = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
+    models, frames, generation, output, rest = parser.parse(argv, usage_on_bad_setting=False)
     return rest, models, frames, generation, output
 
 

@@ -7,8 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from world_model.models.baseline import BaselineModel, aligned_correct, compact, rotate
+from world_model.models.baseline import BaselineModel
 from world_model.models.baseline_config import BaselineConfig
+from world_model.models.baseline_layers import rotate
+from world_model.models.baseline_packing import aligned_correct, compact
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.four_tensor_config import FourTensorConfig
 from world_model.models.generation_config import GenerationConfig

@@ -11,8 +11,9 @@ from tests.test_baseline import assert_cached_run_equals_uncached
 from tests.test_baseline import make_model as make_baseline
 from world_model.models.attention_family import FamilyAttention
 from world_model.models.attention_projections import BitLinear
-from world_model.models.baseline import BaselineModel, CausalSelfAttention
+from world_model.models.baseline import BaselineModel
 from world_model.models.baseline_config import BaselineConfig
+from world_model.models.baseline_layers import CausalSelfAttention
 from world_model.models.checkpoint import CheckpointError
 
 V, N, T = 13, 5, 3

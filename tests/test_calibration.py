@@ -9,7 +9,7 @@ import torch
 
 from tests.model_factories import one_torch_thread
 from world_model.data.synthetic import generator
-from world_model.data.synthetic.sentences import episode_sentences, read_episodes
+from world_model.data.synthetic.episodes import episode_sentences, read_episodes
 from world_model.evaluation import calibration
 from world_model.evaluation.calibration import fit_temperature, metrics
 from world_model.generation.sentence_bank import resolve_readout

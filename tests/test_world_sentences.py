@@ -9,18 +9,20 @@ import torch
 
 from world_model.data.rocstories import DataError
 from world_model.data.synthetic import generator
-from world_model.data.synthetic.sentences import (
-    copy_last_predictions,
+from world_model.data.synthetic.episodes import (
     data_kind,
     episode_sentences,
     known_sentences,
     load_world_windows,
+    read_episodes,
+    sentence_windows,
+)
+from world_model.data.synthetic.sentences import (
+    copy_last_predictions,
     main,
     next_state_accuracy,
     observed_and_future,
     predict_ahead,
-    read_episodes,
-    sentence_windows,
 )
 from world_model.models.registry import build_model, load_model, load_predictor
 from world_model.text.vocab import Vocabulary, tokenize

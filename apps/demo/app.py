@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
@@ -11,7 +10,6 @@ import tempfile
 from pathlib import Path
 
 import gradio as gr
-from transformers import HfArgumentParser
 
 from apps import demo as demo_package
 from apps.demo.checks import FAILED_MESSAGE, READY_MESSAGE, format_duration, on_check, on_upload
@@ -20,6 +18,7 @@ from apps.demo.run import handle_run, remove_unfinished
 from pipeline.presets import PresetError, choose_preset
 from world_model.utils.cli import (
     Interrupted,
+    SettingsParser,
     check_device,
     check_writable,
     handled_signals,
@@ -174,13 +173,8 @@ def launch_demo(demo: gr.Blocks, config: DemoConfig | None = None, **kwargs):
 
 def parse_args(argv: list[str] | None) -> DemoConfig:
     """The settings of the command line; a ValueError for a value out of range."""
-    parser = HfArgumentParser(
-        DemoConfig,
-        prog="python -m apps.demo",
-        description=demo_package.__doc__.split("\n\n")[0],
-        formatter_class=argparse.HelpFormatter,
-    )
-    (config,) = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
+    parser = SettingsParser(DemoConfig, prog="python -m apps.demo", description=demo_package.__doc__.split("\n\n")[0])
+    (config,) = parser.parse(argv, usage_on_bad_setting=False)
     return config
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from pipeline.presets import load_preset, resolve_model_path
 from world_model.data.rocstories import DataError
-from world_model.data.synthetic.scenes import SCENE_TYPES
-from world_model.data.synthetic.sentences import (
+from world_model.data.synthetic.episodes import (
     read_episodes,
 )
+from world_model.data.synthetic.scenes import SCENE_TYPES
 
 BASELINE_FOLDER = "baseline"
 INDEX_FILES = {

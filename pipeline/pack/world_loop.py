@@ -15,9 +15,9 @@ from pipeline.pack.pack_folder import EvaluationError, Pack
 from pipeline.pack.world_report import CONTEXTS, PREDICTORS, storyboard_rows, write_storyboard
 from renderers.text_to_image import DiffusersRenderer
 from world_model.data.synthetic.ceilings import k_step_ceilings
+from world_model.data.synthetic.episodes import episode_sentences
 from world_model.data.synthetic.sentences import (
     copy_last_predictions,
-    episode_sentences,
     predict_ahead,
     rounded,
     score_predictions,

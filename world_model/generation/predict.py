@@ -18,12 +18,9 @@ from __future__ import annotations
 import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
 
 # isort: split
-import argparse
 import json
 import sys
 from pathlib import Path
-
-from transformers import HfArgumentParser
 
 from world_model.generation.explain import describe_slice, explain_lines, probability_text, step_records
 from world_model.generation.sentence_bank import resolve_readout
@@ -31,7 +28,7 @@ from world_model.models.generation_config import GenerationConfig
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import tokenize
 from world_model.text.windows import caption_window, decode_states
-from world_model.utils.cli import add_verbose, run_command
+from world_model.utils.cli import SettingsParser, add_verbose, run_command
 
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parents[1] / "pretrained" / "rocstories-cpu"
 MAX_STEPS = 64  # predicted sentences per request
@@ -92,11 +89,8 @@ def check_request(sentences: list[str], steps: int, samples: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = HfArgumentParser(
-        GenerationConfig,
-        prog="python -m world_model.generation.predict",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.HelpFormatter,
+    parser = SettingsParser(
+        GenerationConfig, prog="python -m world_model.generation.predict", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("sentences", nargs="+", help="observed sentences, oldest first")
     parser.add_argument(
@@ -112,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         "sentence it drew on most (the JSON holds them either way)",
     )
     try:
-        generation, args = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
+        generation, args = parser.parse(argv, usage_on_bad_setting=False)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

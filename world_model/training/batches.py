@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from world_model.data.rocstories import DataError, build_vocabulary, corpus_statistics, encode_windows, load_corpus
-from world_model.data.synthetic.sentences import data_kind, load_world_windows
+from world_model.data.synthetic.episodes import data_kind, load_world_windows
 from world_model.text.vocab import PAD_ID, Vocabulary
 
 

@@ -7,7 +7,7 @@
 DATA_DIR is either a ROCStories folder (ROCStories*.csv for training, cloze_test_*.csv for validation; one
 window of 5 sentences per story) or a synthetic-world folder holding train/episodes.jsonl
 (configs/world_model/synthetic.yaml; one window per second t >= 1 of an episode: the T sentences before it,
-left-padded at the start, then sentence t; see world_model.data.synthetic.sentences). The kind is read off the
+left-padded at the start, then sentence t; see world_model.data.synthetic.episodes). The kind is read off the
 folder's contents.
 
 OUT_DIR receives run.json, metrics.jsonl, curves.png, best/, last/ and summary.json (see
@@ -23,27 +23,24 @@ from __future__ import annotations
 import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
 
 # isort: split
-import argparse
 import contextlib
 import json
-import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
-from world_model.data.synthetic.sentences import data_kind, known_sentences
 from world_model.evaluation.floors import count_copy_prior, count_prior
 from world_model.models.registry import build_model, count_parameters, model_vocab_size
-from world_model.text.vocab import Vocabulary
 from world_model.training import checkpoints
-from world_model.training.batches import load_training_windows, prefix_windows
+from world_model.training.batches import prefix_windows
 from world_model.training.checkpoints import LAST_DIR, TIMING_KEYS, Resumed, TrainingError
-from world_model.training.config import TrainingConfig, load_config, validate_config
+from world_model.training.config import TrainingConfig
+from world_model.training.inputs import TrainingData, TrainSettings, check_budgets, resolved_config
 from world_model.training.loop import (
     Trainer,
     best_epoch_index,
@@ -53,50 +50,15 @@ from world_model.training.loop import (
     signals_held,
     stop_reason,
 )
-from world_model.utils.cli import add_verbose, as_interrupted, check_writable, run_command, stop_signals_raise
+from world_model.utils.cli import (
+    SettingsParser,
+    add_verbose,
+    as_interrupted,
+    check_writable,
+    run_command,
+    stop_signals_raise,
+)
 from world_model.utils.files import claimed
-
-
-@dataclass
-class TrainingData:
-    """The windows of a data folder: training (S, T+1, N) and validation (V, T+1, N), their vocabulary, the
-    corpus statistics, and the known sentences of a synthetic world (None for ROCStories)."""
-
-    vocab: Vocabulary
-    stats: dict
-    train_windows: torch.Tensor
-    val_windows: torch.Tensor
-    known: list[str] | None
-
-    @classmethod
-    def load(cls, data_dir: Path, model_section: dict, train_subset: int | None, holdout: int = 0) -> TrainingData:
-        vocab, stats, train_windows, val_windows = load_training_windows(
-            data_dir, model_section.get("n_states", 4), model_section.get("n_tokens", 16), train_subset, holdout
-        )
-        known = known_sentences(data_dir) if data_kind(data_dir) == "world" else None  # a closed world's sentences
-        return cls(vocab, stats, train_windows, val_windows, known)
-
-
-def resolved_config(
-    config: dict | str | os.PathLike, max_epochs: int | None, seed: int | None, precision: str | None
-) -> dict:
-    """The normalised config of a dict or a YAML path, with the command line's overrides of its training section."""
-    config = load_config(config) if isinstance(config, (str, os.PathLike)) else validate_config(config)
-    overrides = {"max_epochs": max_epochs, "seed": seed, "precision": precision}
-    config["training"].update({k: v for k, v in overrides.items() if v is not None})
-    return validate_config(config, source="config with command-line overrides")
-
-
-def check_budgets(train_subset: int | None, max_minutes: float | None) -> None:
-    """A TrainingError for a --train-subset that is not a positive integer or a --max-minutes not a positive number."""
-    if train_subset is not None and (
-        isinstance(train_subset, bool) or not isinstance(train_subset, int) or train_subset < 1
-    ):
-        raise TrainingError(f"--train-subset must be a positive number of stories or episodes, got {train_subset!r}")
-    if max_minutes is not None and not (
-        isinstance(max_minutes, (int, float)) and max_minutes > 0 and math.isfinite(max_minutes)
-    ):
-        raise TrainingError(f"--max-minutes must be a positive number of minutes, got {max_minutes!r}")
 
 
 def start_accelerator():
@@ -372,50 +334,18 @@ def summarise(
     }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line of `python -m world_model.training.train` (and `wm-train`)."""
-    p = argparse.ArgumentParser(
-        description="Train the world-model predictor on ROCStories or synthetic-world sentences (paper, section 8.2)."
-    )
-    p.add_argument("--config", required=True, type=Path, help="YAML config (configs/world_model/*.yaml)")
-    p.add_argument(
-        "--data",
-        required=True,
-        type=Path,
-        help="folder with ROCStories*.csv and cloze_test_*.csv, or a synthetic world's folder holding train/episodes.jsonl",
-    )
-    p.add_argument("--out", required=True, type=Path, help="output folder (must not hold a run unless --resume)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last completed epoch")
-    p.add_argument("--max-epochs", type=int, help="override training.max_epochs")
-    p.add_argument("--max-minutes", type=float, help="stop after the epoch in which this many minutes have passed")
-    p.add_argument("--train-subset", type=int, help="train on the first K training stories (or episodes) only")
-    p.add_argument("--seed", type=int, help="override training.seed")
-    p.add_argument(
-        "--precision",
-        choices=["fp32", "bf16"],
-        help="override training.precision (bf16: mixed precision, fp32 weights)",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    """The command line of `python -m world_model.training.train` (and `wm-train`)."""
+    parser = SettingsParser(
+        TrainSettings,
+        prog="python -m world_model.training.train",
+        description="Train the world-model predictor on ROCStories or synthetic-world sentences (paper, section 8.2).",
+    )
     add_verbose(parser)
-    args = parser.parse_args(argv)
+    settings, args = parser.parse(argv)
+    options = asdict(settings)
     return run_command(
-        lambda: train(
-            args.config,
-            args.data,
-            args.out,
-            resume=args.resume,
-            max_epochs=args.max_epochs,
-            max_minutes=args.max_minutes,
-            train_subset=args.train_subset,
-            seed=args.seed,
-            precision=args.precision,
-            progress=not args.no_progress,
-        ),
+        lambda: train(options.pop("config"), options.pop("data"), options.pop("out"), **options),
         verbose=args.verbose,
     )
 

@@ -8,7 +8,8 @@ import torch
 from world_model.data.rocstories import encode_windows, load_corpus
 from world_model.evaluation.evaluate import encode_stories, load_validation_stories
 from world_model.evaluation.floors import select_floors
-from world_model.models.baseline import BaselineModel, gold_steps
+from world_model.models.baseline import BaselineModel
+from world_model.models.baseline_packing import gold_steps
 from world_model.models.registry import load_model
 from world_model.text.vocab import PAD_ID, Vocabulary
 

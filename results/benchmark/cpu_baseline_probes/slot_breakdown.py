@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from probe_tokens import Probe
 
-from world_model.models.baseline import gold_steps
+from world_model.models.baseline_packing import gold_steps
 
 
 def by_length(ce_model, ce_floor, live, lengths, edges):
