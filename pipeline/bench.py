@@ -25,7 +25,6 @@ from __future__ import annotations
 import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
 
 # isort: split
-import argparse
 import json
 import math
 import os
@@ -35,13 +34,14 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import cv2
 import numpy as np
 
 from pipeline.presets import PROJECT_ROOT, PresetError, choose_preset, load_preset, missing_offline_models
-from world_model.utils.cli import UsageError, add_verbose, check_device, check_writable, run_command
+from world_model.utils.cli import SettingsParser, UsageError, add_verbose, check_device, check_writable, run_command
 
 STAGES = ("sample_frames", "caption", "predict", "render", "write_outputs")
 # What each stage's per-frame time is divided by.
@@ -237,58 +237,67 @@ def format_report(result: dict) -> str:
 
 
 def parse_size(text: str) -> tuple[int, int]:
+    """(width, height) of a WIDTHxHEIGHT text; a ValueError unless both are integers of at least 16."""
     try:
         width, height = (int(v) for v in text.lower().split("x"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT, e.g. 640x360; got {text!r}") from None
+        raise ValueError(f"--size: expected WIDTHxHEIGHT, e.g. 640x360; got {text!r}") from None
     if width < 16 or height < 16:
-        raise argparse.ArgumentTypeError(f"the clip must be at least 16x16; got {text!r}")
+        raise ValueError(f"--size: the clip must be at least 16x16; got {text!r}")
     return width, height
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=("tiny", "offline"), default="tiny", help="models to time (default tiny)")
-    parser.add_argument("--seconds", type=float, default=10.0, help="length of the synthetic clip (default 10)")
-    parser.add_argument("--size", type=parse_size, default=(640, 360), help="clip WIDTHxHEIGHT (default 640x360)")
-    parser.add_argument("--steps", type=int, default=5, help="predicted future states (default 5)")
-    parser.add_argument("--interval", type=float, default=1.0, help="seconds between sampled frames (default 1)")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own choice)")
-    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
-    parser.add_argument(
-        "--real-size",
-        action="store_true",
-        help="time the hub preset's models at full size with random weights instead (no download)",
+@dataclass
+class BenchSettings:
+    """What the pipeline benchmark times: the models, the synthetic clip, the rollout and the threads."""
+
+    preset: str = field(
+        default="tiny", metadata={"choices": ("tiny", "offline"), "help": "models to time (default tiny)"}
     )
-    parser.add_argument("--device", help="with --real-size: cpu or cuda (default: cuda when present, else cpu)")
-    add_verbose(parser)
-    args = parser.parse_args(argv)
-    if not (args.seconds > 0 and math.isfinite(args.seconds)):
-        parser.error(f"--seconds must be positive, got {args.seconds}")
-    if args.steps < 1:
-        parser.error(f"--steps must be at least 1, got {args.steps}")
-    if args.threads is not None and args.threads < 1:
-        parser.error(f"--threads must be at least 1, got {args.threads}")
-    return args
+    seconds: float = field(default=10.0, metadata={"help": "length of the synthetic clip (default 10)"})
+    size: str = field(default="640x360", metadata={"help": "clip WIDTHxHEIGHT (default 640x360)"})
+    steps: int = field(default=5, metadata={"help": "predicted future states (default 5)"})
+    interval: float = field(default=1.0, metadata={"help": "seconds between sampled frames (default 1)"})
+    threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's own choice)"})
+    json: Path | None = field(default=None, metadata={"help": "also write the results to this JSON file"})
+    real_size: bool = field(
+        default=False,
+        metadata={"help": "time the hub preset's models at full size with random weights instead (no download)"},
+    )
+    device: str | None = field(
+        default=None, metadata={"help": "with --real-size: cpu or cuda (default: cuda when present, else cpu)"}
+    )
+
+    def __post_init__(self) -> None:
+        parse_size(self.size)
+        if not (self.seconds > 0 and math.isfinite(self.seconds)):
+            raise ValueError(f"--seconds must be positive, got {self.seconds}")
+        if self.steps < 1:
+            raise ValueError(f"--steps must be at least 1, got {self.steps}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"--threads must be at least 1, got {self.threads}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    return run_command(lambda: real_size_main(args) if args.real_size else bench_command(args), verbose=args.verbose)
+    parser = SettingsParser(BenchSettings, prog="python -m pipeline.bench", description=__doc__.split("\n\n")[0])
+    add_verbose(parser)
+    settings, args = parser.parse(argv)
+    work = real_size_main if settings.real_size else bench_command
+    return run_command(lambda: work(settings), verbose=args.verbose)
 
 
-def bench_command(args: argparse.Namespace) -> int:
+def bench_command(settings: BenchSettings) -> int:
     """Time one rollout of a generated clip (see the module docstring); 2 when the offline pack is missing."""
-    if args.json:
-        check_writable(args.json, "--json")
-    if args.preset == "tiny":
+    if settings.json:
+        check_writable(settings.json, "--json")
+    if settings.preset == "tiny":
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # only local folders are used: never wait on the hub
     import torch
 
     from pipeline.config import FrameSampling, ModelChoice
     from pipeline.rollout import run_rollout
 
-    if args.preset == "offline":
+    if settings.preset == "offline":
         try:
             choose_preset("offline")
         except PresetError as err:
@@ -299,14 +308,14 @@ def bench_command(args: argparse.Namespace) -> int:
             )
             return 2
     threads = torch.get_num_threads()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
     try:
         with tempfile.TemporaryDirectory(prefix="bench-") as tmp, quiet_libraries():
             tmp = Path(tmp)
-            width, height = args.size
-            video = write_shapes_clip(tmp / "shapes.mp4", args.seconds, (width, height))
-            if args.preset == "tiny":
+            width, height = parse_size(settings.size)
+            video = write_shapes_clip(tmp / "shapes.mp4", settings.seconds, (width, height))
+            if settings.preset == "tiny":
                 start = time.perf_counter()
                 names, about = build_tiny_models(tmp / "models")
                 print(f"built the tiny models in {time.perf_counter() - start:.1f} s", flush=True)
@@ -317,27 +326,27 @@ def bench_command(args: argparse.Namespace) -> int:
             with RssWatcher() as memory:
                 run = run_rollout(
                     video,
-                    args.steps,
-                    ModelChoice(preset="offline" if args.preset == "offline" else "auto", device="cpu", **kwargs),
-                    FrameSampling(interval=args.interval),
+                    settings.steps,
+                    ModelChoice(preset="offline" if settings.preset == "offline" else "auto", device="cpu", **kwargs),
+                    FrameSampling(interval=settings.interval),
                     output=tmp / "run",
                 )
             wall = time.perf_counter() - start
     finally:
         torch.set_num_threads(threads)
     result = {
-        "preset": args.preset,
+        "preset": settings.preset,
         "predictor": about,
-        "clip": {"seconds": args.seconds, "width": width, "height": height, "fps": CLIP_FPS},
-        "steps": args.steps,
-        "torch_threads": args.threads or threads,
-        **stage_table(run.record, args.steps),
+        "clip": {"seconds": settings.seconds, "width": width, "height": height, "fps": CLIP_FPS},
+        "steps": settings.steps,
+        "torch_threads": settings.threads or threads,
+        **stage_table(run.record, settings.steps),
         "run_wall_s": round(wall, 3),
         "memory_mib": memory_figures(memory),
         "warnings": run.record["warnings"],
     }
     print(format_report(result))
-    write_json_report(result, args.json)
+    write_json_report(result, settings.json)
     return 0
 
 
@@ -360,23 +369,23 @@ def write_json_report(result: dict, path: Path | None) -> None:
         print(f"wrote {path}")
 
 
-def real_size_main(args: argparse.Namespace) -> int:
+def real_size_main(settings: BenchSettings) -> int:
     import torch
 
     from pipeline.real_size import format_result, measure
 
-    check_device(args.device)
-    if args.json:
-        check_writable(args.json, "--json")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_device(settings.device)
+    if settings.json:
+        check_writable(settings.json, "--json")
+    device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device not in ("cpu", "cuda"):
         raise UsageError(f"--device must be cpu or cuda, got {device!r}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
     with quiet_libraries():
         result = measure(device, memory=peak_rss)
     print(format_result(result))
-    write_json_report(result, args.json)
+    write_json_report(result, settings.json)
     return 0
 
 

@@ -14,14 +14,13 @@ with one thread (OMP_NUM_THREADS=1). Writes overhead.json and overhead.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import shlex
 import statistics
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -31,6 +30,7 @@ from pipeline.presets import PROJECT_ROOT
 from pipeline.rollout import predict
 from world_model.models.generation_config import GenerationConfig
 from world_model.text.windows import caption_states, caption_window
+from world_model.utils.cli import SettingsParser, add_verbose, run_command
 
 OFFLINE = PROJECT_ROOT / "offline_pack" / "predictor"
 ROCSTORIES = PROJECT_ROOT / "world_model" / "pretrained" / "rocstories-cpu"
@@ -101,33 +101,46 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+@dataclass
+class OverheadSettings:
+    """How long the timed rollouts are, how many are timed, and where the report goes."""
+
+    steps: int = field(default=5, metadata={"help": "predicted steps per rollout (default 5)"})
+    repeats: int = field(default=30, metadata={"help": "timed runs with and without (default 30)"})
+    out: Path | None = field(default=None, metadata={"help": "folder for overhead.json and overhead.md"})
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.explain_bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=5, help="predicted steps per rollout (default 5)")
-    parser.add_argument("--repeats", type=int, default=30, help="timed runs with and without (default 30)")
-    parser.add_argument("--out", type=Path, help="folder for overhead.json and overhead.md")
-    args = parser.parse_args(argv)
+    parser = SettingsParser(
+        OverheadSettings, prog="python -m pipeline.explain_bench", description=__doc__.split("\n\n")[0]
+    )
+    add_verbose(parser)
+    settings, args = parser.parse(argv)
+    command = "python -m pipeline.explain_bench " + shlex.join(argv if argv is not None else sys.argv[1:])
+    return run_command(lambda: overhead_command(settings, command), verbose=args.verbose)
+
+
+def overhead_command(settings: OverheadSettings, command: str) -> None:
+    """The command's work: time every installed case with and without explanations, print (and write) the report."""
     cases = {}
     for name, folder, kind, sentences in CASES:
         if not (folder / "config.json").is_file():
             print(f"skipped {name}: {folder} is not in this installation", file=sys.stderr)
             continue
-        cases[name] = time_predict(folder, kind, sentences, args.steps, args.repeats)
-    command = "python -m pipeline.explain_bench " + shlex.join(argv if argv is not None else sys.argv[1:])
+        cases[name] = time_predict(folder, kind, sentences, settings.steps, settings.repeats)
     results = {
         "command": command,
         "threads": torch.get_num_threads(),
-        "steps": args.steps,
-        "repeats": args.repeats,
+        "steps": settings.steps,
+        "repeats": settings.repeats,
         "cases": cases,
     }
     report = markdown(results)
     print(report, end="")
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "overhead.json").write_text(json.dumps(results, indent=2) + "\n")
-        (args.out / "overhead.md").write_text(report)
-    return 0
+    if settings.out:
+        settings.out.mkdir(parents=True, exist_ok=True)
+        (settings.out / "overhead.json").write_text(json.dumps(results, indent=2) + "\n")
+        (settings.out / "overhead.md").write_text(report)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ each frame it draws.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable
 
 import numpy as np
@@ -45,7 +45,10 @@ from world_model.text.word_tokenizer import build_word_tokenizer
 class PixelPipelineConfig:
     """Sizes of a ``PixelTextToImagePipeline`` built from scratch."""
 
-    sample_size: tuple[int, int] = STRIP_SIZE  # (height, width) in pixels of the images it renders by default
+    sample_size: tuple[int, int] = field(  # (height, width) in pixels of the images it renders by default
+        default=STRIP_SIZE,
+        metadata={"flag": False},  # the training strips' size, not a command-line setting
+    )
     patch_size: int = 2  # the UNet sees patch_size x patch_size pixel patches as 3 * patch_size**2 channels
     strip_frames: int = 0  # frames side by side in an image, read as coordinate channels (0: none)
     block_out_channels: tuple[int, ...] = (32, 64, 128)  # one UNet level each; every level after the first halves H, W

@@ -366,7 +366,9 @@ def test_the_budget_is_split_across_the_runs_left_and_leaves_room_for_one_epoch(
     monkeypatch.setattr(
         bench, "time", types.SimpleNamespace(monotonic=lambda: float(next(clock)), perf_counter=time.perf_counter)
     )
-    results = bench.run_benchmark(preset, data_dir, tmp_path / "out", max_minutes=4.0, progress=False)
+    results = bench.run_benchmark(
+        bench.BenchmarkSettings(preset, data_dir, tmp_path / "out", max_minutes=4.0, progress=False)
+    )
     # each reading of the clock is one second of set-up or bookkeeping, which counts against the budget: every share
     # is a few seconds under the ideal one (60, 80, 120, 240 s less the estimated epoch), never above it
     assert len(calls) == 4 and all(ideal - 15 < c <= ideal for c, ideal in zip(calls, [50, 70, 110, 230]))
@@ -861,10 +863,12 @@ def test_precision_flag_sets_every_runs_training_precision(data_dir, preset, tmp
         train_mod, "train", lambda config, data, out, **kw: configs.append(config) or Path(out).mkdir(parents=True)
     )
     monkeypatch.setattr(bench, "write_reports", lambda results, out: None)
-    bench.run_benchmark(preset, data_dir, tmp_path / "out", progress=False, precision="bf16")
+    bench.run_benchmark(bench.BenchmarkSettings(preset, data_dir, tmp_path / "out", progress=False, precision="bf16"))
     assert len(configs) == 4 and {c["training"]["precision"] for c in configs} == {"bf16"}
     with pytest.raises(ValueError, match="precision"):
-        bench.run_benchmark(preset, data_dir, tmp_path / "other", progress=False, precision="fp16")
+        bench.run_benchmark(
+            bench.BenchmarkSettings(preset, data_dir, tmp_path / "other", progress=False, precision="fp16")
+        )
 
 
 def test_rows_flag_trains_only_the_named_rows_and_rejects_unknown_ones(data_dir, tmp_path, monkeypatch):
@@ -898,4 +902,4 @@ def test_rows_flag_trains_only_the_named_rows_and_rejects_unknown_ones(data_dir,
         ("baseline,baseline", "--rows names a row twice"),
     ):
         with pytest.raises(BenchmarkError, match=re.escape(message)):
-            bench.run_benchmark(preset, data_dir, tmp_path / "other", progress=False, rows=bad.split(","))
+            bench.run_benchmark(bench.BenchmarkSettings(preset, data_dir, tmp_path / "other", progress=False, rows=bad))

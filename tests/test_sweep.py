@@ -48,9 +48,8 @@ def test_sweep_trains_every_rate_and_model_on_held_out_stories_and_chooses_the_l
         "train_subset": None,
         "max_epochs": 1,
         "progress": False,
-        "command": "test",
     }
-    results = sweep.run_sweep(preset, data_dir, out, [1e-4, 3e-2], **settings)
+    results = sweep.run_sweep(sweep.SweepSettings(preset, data_dir, out, "1e-4,3e-2", **settings), command="test")
     assert [(r["lr"], r["model_type"]) for r in results["runs"]] == [
         (1e-4, "four_tensor"),
         (1e-4, "baseline"),
@@ -76,7 +75,7 @@ def test_sweep_trains_every_rate_and_model_on_held_out_stories_and_chooses_the_l
     assert f"position_unigram {floors['position_unigram']['val_last_ce']:.4f}" in report
     assert f"Chosen: lr {results['chosen_lr']:g}" in report and "widen --lrs" in report  # two rates: always an edge
     monkeypatch.setattr(sweep.train_mod, "train", lambda *a, **k: pytest.fail("a finished run was retrained"))
-    again = sweep.run_sweep(preset, data_dir, out, [1e-4, 3e-2], resume=True, **settings)
+    again = sweep.run_sweep(sweep.SweepSettings(preset, data_dir, out, "1e-4,3e-2", resume=True, **settings), "test")
     assert again["runs"] == results["runs"], "finished runs are read back, not retrained"
 
 

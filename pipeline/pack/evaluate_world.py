@@ -33,17 +33,17 @@ from __future__ import annotations
 import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
 
 # isort: split
-import argparse
 import json
 import shlex
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.pack.pack_folder import EvaluationError, read_heldout, resolve_pack
 from pipeline.pack.world_loop import run_loop
 from pipeline.pack.world_report import markdown
 from pipeline.run_folder import run_folder
-from world_model.utils.cli import add_verbose, run_command
+from world_model.utils.cli import SettingsParser, add_verbose, run_command
 from world_model.utils.files import replace_dir
 from world_model.utils.hub import default_device
 
@@ -105,55 +105,53 @@ def evaluate_world(
     return results
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m pipeline.pack.evaluate_world", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("--pack", default="offline_pack", help="model pack folder (default offline_pack)")
-    parser.add_argument(
-        "--data", type=Path, required=True, help="held-out split folder (with episodes.jsonl and clips)"
-    )
-    parser.add_argument("--episodes", type=int, required=True, help="evaluate the first N episodes")
-    parser.add_argument("--observe", type=int, default=3, help="observed seconds (default 3)")
-    parser.add_argument("--steps", type=int, default=5, help="predicted seconds (default 5)")
-    parser.add_argument("--out", type=Path, required=True, help="output folder")
-    parser.add_argument("--seed", type=int, default=0, help="rendering seed (default 0)")
-    parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
-    parser.add_argument(
-        "--storyboard-episodes", type=int, default=4, help="episodes drawn in storyboard.png (default 4)"
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
-    parser.add_argument("--debug", action="store_true", help="show the traceback of an error (as --verbose does)")
-    add_verbose(parser)
-    return parser.parse_args(argv)
+@dataclass
+class WorldEvaluation:
+    """Which pack is evaluated on which held-out episodes, and where the report goes."""
+
+    data: Path = field(metadata={"help": "held-out split folder (with episodes.jsonl and clips)"})
+    episodes: int = field(metadata={"help": "evaluate the first N episodes"})
+    out: Path = field(metadata={"help": "output folder"})
+    pack: str = field(default="offline_pack", metadata={"help": "model pack folder (default offline_pack)"})
+    observe: int = field(default=3, metadata={"help": "observed seconds (default 3)"})
+    steps: int = field(default=5, metadata={"help": "predicted seconds (default 5)"})
+    seed: int = field(default=0, metadata={"help": "rendering seed (default 0)"})
+    device: str | None = field(default=None, metadata={"help": "torch device (default: cuda if available, else cpu)"})
+    storyboard_episodes: int = field(default=4, metadata={"help": "episodes drawn in storyboard.png (default 4)"})
+    overwrite: bool = field(default=False, metadata={"help": "replace an existing output folder"})
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    parser = SettingsParser(
+        WorldEvaluation, prog="python -m pipeline.pack.evaluate_world", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error (as --verbose does)")
+    add_verbose(parser)
+    settings, args = parser.parse(argv)
     command = "python -m pipeline.pack.evaluate_world " + shlex.join(sys.argv[1:] if argv is None else argv)
-    return run_command(lambda: evaluate_command(args, command), verbose=args.verbose or args.debug)
+    return run_command(lambda: evaluate_command(settings, command), verbose=args.verbose or args.debug)
 
 
-def evaluate_command(args: argparse.Namespace, command: str) -> None:
+def evaluate_command(settings: WorldEvaluation, command: str) -> None:
     """The command's work: the full loop, then its headline figures."""
     results = evaluate_world(
-        args.pack,
-        args.data,
-        args.episodes,
-        args.out,
-        args.observe,
-        args.steps,
-        args.seed,
-        args.device,
-        args.storyboard_episodes,
-        args.overwrite,
+        settings.pack,
+        settings.data,
+        settings.episodes,
+        settings.out,
+        settings.observe,
+        settings.steps,
+        settings.seed,
+        settings.device,
+        settings.storyboard_episodes,
+        settings.overwrite,
         command,
     )
     loop = results["next_state"]["four_tensor"]["captions"]["accuracy"]
     print(
         f"caption accuracy {results['caption_accuracy']['overall']:.4f}; next-state accuracy (full loop) "
         + ", ".join(f"k={k + 1} {a:.3f}" for k, a in enumerate(loop))
-        + f"; round trip {results['round_trip']['true_sentences']['overall']:.4f}; wrote {args.out}/"
+        + f"; round trip {results['round_trip']['true_sentences']['overall']:.4f}; wrote {settings.out}/"
     )
 
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
 
 # isort: split
-import argparse
 import json
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +31,7 @@ from encoders.frames import sample_frames
 from encoders.grounding import FeatureReference
 from encoders.world_dataset import read_states
 from world_model.data.synthetic.simulation import STATE_FRAMES
-from world_model.utils.cli import add_verbose, run_command
+from world_model.utils.cli import SettingsParser, add_verbose, run_command
 
 
 def strip_features(captioner: HFCaptioner, images: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,28 +104,36 @@ def summarise(distances: torch.Tensor, logprobs: torch.Tensor, threshold: float)
     }
 
 
+@dataclass
+class GroundingSettings:
+    """The captioner whose grounding reference is fitted or measured, and the strips it is fitted or measured on."""
+
+    captioner: Path = field(metadata={"help": "captioner folder"})
+    data: Path = field(metadata={"help": "a split folder of synthetic_world episodes"})
+    episodes: int = 300
+    images: list[Path] = field(default_factory=list, metadata={"help": "photographs for real-footage clips (measure)"})
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.pack.grounding", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=("calibrate", "measure"))
-    parser.add_argument("--captioner", type=Path, required=True, help="captioner folder")
-    parser.add_argument("--data", type=Path, required=True, help="a split folder of synthetic_world episodes")
-    parser.add_argument("--episodes", type=int, default=300)
-    parser.add_argument(
-        "--images", type=Path, nargs="*", default=[], help="photographs for real-footage clips (measure)"
+    parser = SettingsParser(
+        GroundingSettings, prog="python -m pipeline.pack.grounding", description=__doc__.split("\n\n")[0]
     )
+    parser.add_argument("command", choices=("calibrate", "measure"))
     add_verbose(parser)
-    args = parser.parse_args(argv)
-    return run_command(lambda: grounding_command(args), verbose=args.verbose)
+    settings, args = parser.parse(argv)
+    return run_command(lambda: grounding_command(args.command, settings), verbose=args.verbose)
 
 
-def grounding_command(args: argparse.Namespace) -> int:
+def grounding_command(command: str, settings: GroundingSettings) -> int:
     """`calibrate` or `measure` (see the module docstring); 2 when `measure` finds no reference."""
-    captioner = HFCaptioner.from_pretrained(args.captioner, device="cpu", batch_size=64)
-    states = read_states(args.data, args.episodes, progress=False)
+    captioner = HFCaptioner.from_pretrained(settings.captioner, device="cpu", batch_size=64)
+    states = read_states(settings.data, settings.episodes, progress=False)
     features, logprobs = strip_features(captioner, list(states.images))
-    if args.command == "calibrate":
+    if command == "calibrate":
         reference = FeatureReference.fit(features)
-        reference.save(args.captioner, note=f"fit on {len(features)} strips of {args.data} ({args.episodes} episodes)")
+        reference.save(
+            settings.captioner, note=f"fit on {len(features)} strips of {settings.data} ({settings.episodes} episodes)"
+        )
         captioner.reference = reference
         print(
             json.dumps(
@@ -139,14 +147,14 @@ def grounding_command(args: argparse.Namespace) -> int:
         return 0
     reference = captioner.reference
     if reference is None:
-        print(f"error: {args.captioner} has no grounding reference; run `calibrate` first", file=sys.stderr)
+        print(f"error: {settings.captioner} has no grounding reference; run `calibrate` first", file=sys.stderr)
         return 2
     result = {
         "threshold": round(reference.threshold, 3),
         "heldout": summarise(reference.distance(features), logprobs, reference.threshold),
     }
-    if args.images:
-        real_features, real_logprobs = strip_features(captioner, real_strips(args.images))
+    if settings.images:
+        real_features, real_logprobs = strip_features(captioner, real_strips(settings.images))
         result["real"] = summarise(reference.distance(real_features), real_logprobs, reference.threshold)
         cut = float(torch.quantile(logprobs, 0.01))  # the log-probability threshold that flags 1% of held-out strips
         result["real"]["flag_rate_by_caption_logprob_at_1pct_heldout"] = round(

@@ -15,9 +15,9 @@ from __future__ import annotations
 import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
 
 # isort: split
-import argparse
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -27,7 +27,7 @@ from pipeline.presets import load_preset
 from renderers.pixel_pipeline import SOLVERS, set_solver
 from renderers.text_to_image import DiffusersRenderer
 from world_model.data.synthetic.scenes import SCENE_TYPES
-from world_model.utils.cli import add_verbose, check_writable, run_command
+from world_model.utils.cli import SettingsParser, add_verbose, check_writable, run_command
 
 PIPELINE_CLASS = "renderers.pixel_pipeline:PixelTextToImagePipeline"
 
@@ -81,28 +81,46 @@ def renderer_round_trip(
     }
 
 
+@dataclass
+class RoundTripSettings:
+    """Which renderer renders which sentences, how, and which captioner reads the renders back."""
+
+    renderer: str = field(metadata={"help": "pixel pipeline folder (e.g. a training run's pipeline/)"})
+    sentences: Path = field(metadata={"help": "text file, one sentence per line"})
+    captioner: str = field(default="offline_pack/captioner", metadata={"help": "captioner folder (default the pack's)"})
+    seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "render seeds (default 0)"})
+    steps: int | None = field(default=None, metadata={"help": "sampling steps (default: the pipeline's)"})
+    guidance: float | None = field(default=None, metadata={"help": "guidance scale (default: the pipeline's)"})
+    solver: str | None = field(
+        default=None, metadata={"choices": SOLVERS, "help": "DPM-Solver++ variant (default: the pipeline's)"}
+    )
+    json: Path | None = field(
+        default=None, metadata={"help": "also write the results, with every caption, to this file"}
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.pack.round_trip", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--renderer", required=True, help="pixel pipeline folder (e.g. a training run's pipeline/)")
-    parser.add_argument("--sentences", required=True, type=Path, help="text file, one sentence per line")
-    parser.add_argument("--captioner", default="offline_pack/captioner", help="captioner folder (default the pack's)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="render seeds (default 0)")
-    parser.add_argument("--steps", type=int, help="sampling steps (default: the pipeline's)")
-    parser.add_argument("--guidance", type=float, help="guidance scale (default: the pipeline's)")
-    parser.add_argument("--solver", choices=SOLVERS, help="DPM-Solver++ variant (default: the pipeline's)")
-    parser.add_argument("--json", type=Path, help="also write the results, with every caption, to this file")
+    parser = SettingsParser(
+        RoundTripSettings, prog="python -m pipeline.pack.round_trip", description=__doc__.split("\n\n")[0]
+    )
     add_verbose(parser)
-    args = parser.parse_args(argv)
-    return run_command(lambda: round_trip_command(args), verbose=args.verbose)
+    settings, args = parser.parse(argv)
+    return run_command(lambda: round_trip_command(settings), verbose=args.verbose)
 
 
-def round_trip_command(args: argparse.Namespace) -> None:
+def round_trip_command(settings: RoundTripSettings) -> None:
     """The command's work: render the sentences, caption the renders, print (and write) the scores."""
-    if args.json:
-        check_writable(args.json, "--json")
-    sentences = [line.strip() for line in args.sentences.read_text().splitlines() if line.strip()]
+    if settings.json:
+        check_writable(settings.json, "--json")
+    sentences = [line.strip() for line in settings.sentences.read_text().splitlines() if line.strip()]
     result = renderer_round_trip(
-        args.renderer, sentences, args.captioner, args.seeds, args.steps, args.guidance, args.solver
+        settings.renderer,
+        sentences,
+        settings.captioner,
+        settings.seeds,
+        settings.steps,
+        settings.guidance,
+        settings.solver,
     )
     o = result["overall"]
     print(
@@ -110,8 +128,8 @@ def round_trip_command(args: argparse.Namespace) -> None:
         + ", ".join(f"{k} {v:.3f}" for k, v in o["per_scene"].items())
         + ")"
     )
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if settings.json:
+        settings.json.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

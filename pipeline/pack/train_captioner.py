@@ -25,12 +25,11 @@ from __future__ import annotations
 import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
 
 # isort: split
-import argparse
 import dataclasses
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -52,9 +51,8 @@ from pipeline.pack.strip_images import augment, strip_image_processor, to_pixels
 from world_model.data.synthetic.simulation import STRIP_SIZE
 from world_model.text.vocab import same_sentence
 from world_model.text.word_tokenizer import build_word_tokenizer
-from world_model.training.config import add_dataclass_flags, dataclass_from_args
 from world_model.training.schedule import warmup_cosine
-from world_model.utils.cli import INPUT_ERRORS, add_verbose, run_command
+from world_model.utils.cli import INPUT_ERRORS, SettingsParser, add_verbose, run_command
 from world_model.utils.files import atomic_dir, write_json_atomic
 
 BEST_DIR = "best"
@@ -355,20 +353,30 @@ def validation_record(model, tokenizer, data: CaptionData, step: int, t_start: f
     }
 
 
+@dataclass
+class CaptionerRun:
+    """Where a training run reads and writes, and how long it may take; the model and optimiser are `TrainConfig`."""
+
+    data: Path = field(metadata={"help": "folder with train/ and heldout/ episodes"})
+    out: Path = field(metadata={"help": "output folder (receives best/ and metrics.json)"})
+    max_minutes: float | None = field(
+        default=None, metadata={"help": "stop training after this many minutes (wall clock)"}
+    )
+    threads: int = field(default=1, metadata={"help": "torch CPU threads"})
+    progress: bool = field(default=True, metadata={"help": "progress bars (--no-progress: none)"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Train the offline captioner on synthetic-world state strips.")
-    parser.add_argument("--data", required=True, type=Path, help="folder with train/ and heldout/ episodes")
-    parser.add_argument("--out", required=True, type=Path, help="output folder (receives best/ and metrics.json)")
-    parser.add_argument("--max-minutes", type=float, help="stop training after this many minutes (wall clock)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    add_dataclass_flags(parser, TrainConfig)  # one flag per setting, e.g. --batch-size
+    parser = SettingsParser(
+        (CaptionerRun, TrainConfig),  # one flag per setting, e.g. --batch-size
+        prog="python -m pipeline.pack.train_captioner",
+        description="Train the offline captioner on synthetic-world state strips.",
+    )
     add_verbose(parser)
-    args = parser.parse_args(argv)
-    config = dataclass_from_args(TrainConfig, args)
-    torch.set_num_threads(args.threads)
+    run, config, args = parser.parse(argv)
+    torch.set_num_threads(run.threads)
     return run_command(
-        lambda: train(args.data, args.out, config, max_minutes=args.max_minutes, progress=not args.no_progress),
+        lambda: train(run.data, run.out, config, max_minutes=run.max_minutes, progress=run.progress),
         verbose=args.verbose,
         input_errors=(*INPUT_ERRORS, TrainingStopped),
     )

@@ -25,12 +25,12 @@ from __future__ import annotations
 import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
 
 # isort: split
-import argparse
 import copy
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass
+from argparse import Namespace, RawDescriptionHelpFormatter
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -45,9 +45,8 @@ from tqdm.auto import tqdm
 from encoders.world_dataset import read_states
 from renderers.pixel_pipeline import PixelPipelineConfig, PixelTextToImagePipeline, build_pixel_pipeline, check_solver
 from world_model.data.synthetic.simulation import STATE_FRAMES
-from world_model.training.config import add_dataclass_flags, dataclass_from_args
 from world_model.training.schedule import warmup_cosine
-from world_model.utils.cli import add_verbose, run_command
+from world_model.utils.cli import SettingsParser, add_verbose, run_command
 from world_model.utils.files import atomic_dir, write_json_atomic
 
 PIPELINE_DIR = "pipeline"
@@ -338,25 +337,34 @@ def run_steps(run: RendererRun, config: TrainConfig, log: dict, checkpoint, samp
     return step, running, (time.monotonic() - start) / 60
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, required=True, help="folder with train/ and heldout/ episodes")
-    parser.add_argument("--out", type=Path, required=True, help="run folder: pipeline/, samples/, train_log.json")
-    parser.add_argument("--limit", type=int, default=None, help="use only the first N training episodes")
-    add_dataclass_flags(parser, TrainConfig)  # one flag per setting, e.g. --batch-size
-    add_dataclass_flags(parser, PixelPipelineConfig, skip=("sample_size",))
+@dataclass
+class RendererFiles:
+    """Where a training run reads and writes, and how many episodes it uses; the optimiser is `TrainConfig`, the
+    model `PixelPipelineConfig`."""
+
+    data: Path = field(metadata={"help": "folder with train/ and heldout/ episodes"})
+    out: Path = field(metadata={"help": "run folder: pipeline/, samples/, train_log.json"})
+    limit: int | None = field(default=None, metadata={"help": "use only the first N training episodes"})
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[RendererFiles, TrainConfig, PixelPipelineConfig, Namespace]:
+    """The command's settings (one flag per field, e.g. --batch-size) and its other flags (--verbose)."""
+    parser = SettingsParser(
+        (RendererFiles, TrainConfig, PixelPipelineConfig),
+        prog="python -m pipeline.pack.train_renderer",
+        description=__doc__,
+        formatter_class=RawDescriptionHelpFormatter,
+    )
     add_verbose(parser)
-    return parser.parse_args(argv)
+    return parser.parse(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    config = dataclass_from_args(TrainConfig, args)
-    model_config = dataclass_from_args(PixelPipelineConfig, args, skip=("sample_size",))
-    return run_command(lambda: train_command(args, config, model_config), verbose=args.verbose)
+    files, config, model_config, args = parse_args(argv)
+    return run_command(lambda: train_command(files, config, model_config), verbose=args.verbose)
 
 
-def train_command(args: argparse.Namespace, config: TrainConfig, model_config: PixelPipelineConfig) -> None:
+def train_command(files: RendererFiles, config: TrainConfig, model_config: PixelPipelineConfig) -> None:
     """The command's work: check the settings, then train."""
     if model_config.prediction_type not in ("sample", "v_prediction"):
         raise ValueError(f"--prediction-type must be 'sample' or 'v_prediction', got {model_config.prediction_type!r}")
@@ -364,7 +372,7 @@ def train_command(args: argparse.Namespace, config: TrainConfig, model_config: P
         check_solver(model_config.solver)
     except ValueError as err:
         raise ValueError(f"--{err}") from None
-    train(args.data, args.out, config, model_config, limit=args.limit)
+    train(files.data, files.out, config, model_config, limit=files.limit)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,10 @@ from __future__ import annotations
 import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
 
 # isort: split
-import argparse
 import json
 import shlex
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -30,7 +30,7 @@ from world_model.training import train as train_mod
 from world_model.training.batches import load_training_windows
 from world_model.training.checkpoints import SUMMARY_FILE
 from world_model.training.config import validate_config
-from world_model.utils.cli import add_verbose, run_command
+from world_model.utils.cli import SettingsParser, add_verbose, run_command
 from world_model.utils.files import write_json_atomic
 
 
@@ -42,34 +42,54 @@ def sweep_config(spec: dict, pair: str, model_type: str, lr: float, holdout: int
     return validate_config(config, source=f"sweep of preset {spec['name']}, {model_type}, lr {lr:g}")
 
 
-def run_sweep(
-    preset: str,
-    data_dir: str | Path,
-    out_dir: str | Path,
-    lrs: Sequence[float],
-    pair: str = "h4_l2",
-    holdout: int = 2000,
-    train_subset: int | None = 8000,
-    max_epochs: int = 4,
-    seed: int = 0,
-    resume: bool = False,
-    progress: bool = True,
-    command: str | None = None,
-) -> dict:
-    """Train every (learning rate, model) run, then write and return results.json's dict."""
+@dataclass
+class SweepSettings:
+    """A learning-rate sweep: the preset, the data and output folders, the rates and the runs' shared settings."""
+
+    preset: str = field(metadata={"help": "benchmark preset name or YAML path (its other settings)"})
+    data: Path = field(metadata={"help": "ROCStories folder"})
+    out: Path = field(metadata={"help": "output folder"})
+    lrs: str = field(
+        default="1e-3,2e-3,4e-3", metadata={"help": "comma-separated learning rates (default 1e-3,2e-3,4e-3)"}
+    )
+    pair: str = field(default="h4_l2", metadata={"help": "the preset's pair (default h4_l2)"})
+    holdout: int = field(default=2000, metadata={"help": "training stories held out for validation"})
+    train_subset: int | None = field(default=8000, metadata={"help": "train on the first K of the others"})
+    max_epochs: int = field(default=4, metadata={"help": "epochs per run (the schedule spans them)"})
+    seed: int = 0
+    resume: bool = field(default=False, metadata={"help": "skip finished runs, continue interrupted ones"})
+    progress: bool = field(default=True, metadata={"help": "progress bars (--no-progress: none)"})
+
+    def lr_list(self) -> list[float]:
+        """The learning rates of --lrs; a BenchmarkError unless they are positive numbers."""
+        try:
+            lrs = [float(x) for x in self.lrs.split(",") if x.strip()]
+        except ValueError:
+            raise BenchmarkError(f"--lrs must be comma-separated numbers, got {self.lrs!r}") from None
+        if not lrs or any(lr <= 0 for lr in lrs):
+            raise BenchmarkError(f"--lrs must be positive learning rates, got {lrs}")
+        return lrs
+
+
+def run_sweep(settings: SweepSettings, command: str | None = None) -> dict:
+    """Train every (learning rate, model) run, then write and return results.json's dict (`command`: the command
+    line it records)."""
+    preset, data_dir, pair, holdout = settings.preset, settings.data, settings.pair, settings.holdout
+    train_subset, max_epochs, seed, resume = settings.train_subset, settings.max_epochs, settings.seed, settings.resume
+    lrs = settings.lr_list()
     spec = load_preset(preset)
     if pair not in spec["pairs"]:
         raise BenchmarkError(f"unknown pair {pair!r} for preset {spec['name']!r}; known: {sorted(spec['pairs'])}")
-    if not lrs or any(lr <= 0 for lr in lrs):
-        raise BenchmarkError(f"--lrs must be positive learning rates, got {list(lrs)}")
-    out = Path(out_dir)
+    out = Path(settings.out)
     rows = []
     for lr in lrs:
         for model_type in MODELS:
             config = sweep_config(spec, pair, model_type, lr, holdout, max_epochs, seed)
             folder = out / "runs" / f"{model_type}_lr{lr:g}"
             if not (resume and (folder / SUMMARY_FILE).is_file()):
-                train_mod.train(config, data_dir, folder, resume=resume, train_subset=train_subset, progress=progress)
+                train_mod.train(
+                    config, data_dir, folder, resume=resume, train_subset=train_subset, progress=settings.progress
+                )
             summary = json.loads((folder / SUMMARY_FILE).read_text())
             rows.append(
                 {
@@ -153,45 +173,17 @@ def edge_note(results: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m world_model.benchmark.sweep", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", required=True, help="benchmark preset name or YAML path (its other settings)")
-    parser.add_argument("--data", required=True, help="ROCStories folder")
-    parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument(
-        "--lrs", default="1e-3,2e-3,4e-3", help="comma-separated learning rates (default 1e-3,2e-3,4e-3)"
+    parser = SettingsParser(
+        SweepSettings, prog="python -m world_model.benchmark.sweep", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--pair", default="h4_l2", help="the preset's pair (default h4_l2)")
-    parser.add_argument("--holdout", type=int, default=2000, help="training stories held out for validation")
-    parser.add_argument("--train-subset", type=int, default=8000, help="train on the first K of the others")
-    parser.add_argument("--max-epochs", type=int, default=4, help="epochs per run (the schedule spans them)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--resume", action="store_true", help="skip finished runs, continue interrupted ones")
-    parser.add_argument("--no-progress", action="store_true")
     add_verbose(parser)
-    args = parser.parse_args(argv)
-
-    def work() -> None:
-        try:
-            lrs = [float(x) for x in args.lrs.split(",") if x.strip()]
-        except ValueError:
-            raise BenchmarkError(f"--lrs must be comma-separated numbers, got {args.lrs!r}") from None
-        results = run_sweep(
-            args.preset,
-            args.data,
-            args.out,
-            lrs,
-            args.pair,
-            args.holdout,
-            args.train_subset,
-            args.max_epochs,
-            args.seed,
-            args.resume,
-            not args.no_progress,
-            command="python -m world_model.benchmark.sweep " + shlex.join(sys.argv[1:] if argv is None else argv),
-        )
-        print(markdown(results))
-
-    return run_command(work, verbose=args.verbose, on_interrupt="continue with the same command and --resume")
+    settings, args = parser.parse(argv)
+    command = "python -m world_model.benchmark.sweep " + shlex.join(sys.argv[1:] if argv is None else argv)
+    return run_command(
+        lambda: print(markdown(run_sweep(settings, command))),
+        verbose=args.verbose,
+        on_interrupt="continue with the same command and --resume",
+    )
 
 
 if __name__ == "__main__":

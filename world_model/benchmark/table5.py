@@ -57,13 +57,13 @@ from __future__ import annotations
 import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
 
 # isort: split
-import argparse
 import datetime
 import json
 import os
 import shlex
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -93,44 +93,96 @@ from world_model.models.registry import model_vocab_size
 from world_model.text.vocab import Vocabulary
 from world_model.training import train as train_mod
 from world_model.training.checkpoints import SUMMARY_FILE
-from world_model.utils.cli import add_verbose, check_writable, run_command
+from world_model.utils.cli import SettingsParser, add_verbose, check_writable, run_command
 
 
-def run_benchmark(
-    preset: str | os.PathLike,
-    data_dir: str | os.PathLike,
-    out_dir: str | os.PathLike,
-    max_epochs: int | None = None,
-    max_minutes: float | None = None,
-    train_subset: int | None = None,
-    pairs: Sequence[str] | None = None,
-    resume: bool = False,
-    progress: bool = True,
-    command: str | None = None,
-    seeds: Sequence[int] | None = None,
-    report_only: bool = False,
-    precision: str | None = None,
-    rows: Sequence[str] | None = None,
-) -> dict:
+@dataclass
+class BenchmarkSettings:
+    """What a benchmark command runs: the preset, the data and output folders, and the overrides of the preset.
+    `pairs`, `seeds` and `rows` are comma-separated lists as the flags take them (None: the preset's)."""
+
+    preset: str = field(
+        metadata={"help": "cpu, attention, paper (configs/benchmark/<name>.yaml) or the path of a preset YAML file"}
+    )
+    data: Path = field(metadata={"help": "folder with ROCStories*.csv and cloze_test_*.csv"})
+    out: Path = field(metadata={"help": "output folder (must not hold a benchmark unless --resume)"})
+    precision: str | None = field(
+        default=None,
+        metadata={
+            "choices": PRECISIONS,
+            "help": "fp32 or bf16 for every run (default: the preset's training.precision)",
+        },
+    )
+    max_epochs: int | None = field(default=None, metadata={"help": "override the preset's epoch cap (every run)"})
+    max_minutes: float | None = field(
+        default=None, metadata={"help": "time budget of the whole command, split equally across the runs it trains"}
+    )
+    train_subset: int | None = field(
+        default=None, metadata={"help": "train on the first K training stories (every run)"}
+    )
+    pairs: str | None = field(
+        default=None,
+        metadata={"help": "comma-separated pair names of the preset (default: all, e.g. h2_l2,h4_l2,h4_l3)"},
+    )
+    seeds: str | None = field(
+        default=None, metadata={"help": "comma-separated seeds (default: the preset's seeds, or its training seed)"}
+    )
+    rows: str | None = field(
+        default=None,
+        metadata={
+            "help": "comma-separated rows to run: four_tensor, baseline and the preset's variant names (default: "
+            "all); lets several processes share one benchmark"
+        },
+    )
+    resume: bool = field(default=False, metadata={"help": "skip finished runs and resume interrupted ones"})
+    report_only: bool = field(
+        default=False,
+        metadata={
+            "help": "train nothing: write the reports from the runs in --out that have finished (a benchmark run in "
+            "pieces)"
+        },
+    )
+    progress: bool = field(default=True, metadata={"help": "progress bars (--no-progress: none)"})
+
+    def pair_list(self) -> list[str] | None:
+        return comma_list(self.pairs)
+
+    def row_list(self) -> list[str] | None:
+        return comma_list(self.rows)
+
+    def seed_list(self) -> list[int] | None:
+        try:
+            return [int(x) for x in self.seeds.split(",") if x.strip()] if self.seeds is not None else None
+        except ValueError:
+            raise BenchmarkError(f"--seeds must be comma-separated integers, got {self.seeds!r}") from None
+
+
+def comma_list(text: str | None) -> list[str] | None:
+    """The items of a comma-separated flag value (None: the flag was not given)."""
+    return None if text is None else text.split(",")
+
+
+def run_benchmark(settings: BenchmarkSettings, command: str | None = None) -> dict:
     """Check everything, then train every (pair, model) run and write the reports; returns results.json's dict.
 
     Every check (preset, pairs, budgets, data folder, output folder, time budget) runs before any training.
-    `precision` (fp32 or bf16) overrides the preset's `training.precision` for every run; `rows` (model types and
-    variant names) restricts the runs to those rows, so that several processes can share one benchmark.
+    `settings.precision` (fp32 or bf16) overrides the preset's `training.precision` for every run; `settings.rows`
+    (model types and variant names) restricts the runs to those rows, so that several processes can share one
+    benchmark. `command` is the command line recorded in results.json (default: this process's).
     """
     t_start = time.monotonic()
     started_at = utc_now()
-    spec = load_preset(preset)
-    if precision is not None:
-        spec["training"]["precision"] = check_precision(precision)
-    chosen = choose_pairs(spec, pairs)
-    k, m = choose_budget(spec, max_epochs, max_minutes, train_subset)
-    seed_list = choose_seeds(spec, seeds)
-    out = Path(out_dir)
-    runs = plan_runs(spec, chosen, seed_list, max_epochs, out, choose_rows(spec, rows))
+    spec = load_preset(settings.preset)
+    if settings.precision is not None:
+        spec["training"]["precision"] = check_precision(settings.precision)
+    chosen = choose_pairs(spec, settings.pair_list())
+    k, m = choose_budget(spec, settings.max_epochs, settings.max_minutes, settings.train_subset)
+    seed_list = choose_seeds(spec, settings.seed_list())
+    out, data_dir, report_only = Path(settings.out), settings.data, settings.report_only
+    runs = plan_runs(spec, chosen, seed_list, settings.max_epochs, out, choose_rows(spec, settings.row_list()))
     if not runs:
-        raise BenchmarkError(f"--rows {','.join(rows or [])} has no run in the pairs {','.join(chosen)}")
-    check_output(out, runs, k, resume, report_only)
+        raise BenchmarkError(f"--rows {settings.rows} has no run in the pairs {','.join(chosen)}")
+    check_output(out, runs, k, settings.resume, report_only)
     find_split_files(data_dir)  # DataError (no training or no validation file) before anything else reads the data
     n_tokens = runs[0].config["model"]["n_tokens"]
     corpus, vocab, train_windows, val_windows = load_windows(data_dir, n_tokens, k)
@@ -141,10 +193,10 @@ def run_benchmark(
     share = None
     if m is not None and todo:
         share = allot_budget(todo, m, t_start, vocab, train_windows, val_windows, device, world_size)
-    settings = settings_record(chosen, seed_list, runs, todo, k, m, share, resume)
+    record = settings_record(chosen, seed_list, runs, todo, k, m, share, settings.resume)
     results = results_header(
         spec,
-        settings,
+        record,
         command or "python -m world_model.benchmark " + shlex.join(sys.argv[1:]),
         data_dir,
         corpus_statistics(corpus, vocab, n_tokens),
@@ -161,7 +213,7 @@ def run_benchmark(
         if run.done or report_only:
             print(f"[{i}/{len(runs)}] {run.name}: " + skip_reason(run), flush=True)
             continue
-        train_run(run, i, runs, data_dir, k, m, t_start, resume, progress)
+        train_run(run, i, runs, data_dir, k, m, t_start, settings.resume, settings.progress)
         if is_main:
             collect(results, runs, out, t_start)
             write_reports(results, out)
@@ -329,82 +381,22 @@ def finish(results: dict, runs: list[Run], n_pairs: int, out: Path, t_start: flo
 
 
 # ----- the command -----
-def parse_seeds(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise BenchmarkError(f"--seeds must be comma-separated integers, got {text!r}") from None
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = SettingsParser(
+        BenchmarkSettings,
         prog="python -m world_model.benchmark",
         description="The paper's Table 5 benchmark: 4-tensor model vs flat baseline at matched settings.",
     )
-    parser.add_argument(
-        "--precision", choices=PRECISIONS, help="fp32 or bf16 for every run (default: the preset's training.precision)"
-    )
-    parser.add_argument(
-        "--preset",
-        required=True,
-        help="cpu, attention, paper (configs/benchmark/<name>.yaml) or the path of a preset YAML file",
-    )
-    parser.add_argument("--data", required=True, type=Path, help="folder with ROCStories*.csv and cloze_test_*.csv")
-    parser.add_argument(
-        "--out", required=True, type=Path, help="output folder (must not hold a benchmark unless --resume)"
-    )
-    parser.add_argument("--max-epochs", type=int, help="override the preset's epoch cap (every run)")
-    parser.add_argument(
-        "--max-minutes", type=float, help="time budget of the whole command, split equally across the runs it trains"
-    )
-    parser.add_argument("--train-subset", type=int, help="train on the first K training stories (every run)")
-    parser.add_argument(
-        "--pairs", help="comma-separated pair names of the preset (default: all, e.g. h2_l2,h4_l2,h4_l3)"
-    )
-    parser.add_argument("--seeds", help="comma-separated seeds (default: the preset's seeds, or its training seed)")
-    parser.add_argument(
-        "--rows",
-        help="comma-separated rows to run: four_tensor, baseline and the preset's variant names (default: all); "
-        "lets several processes share one benchmark",
-    )
-    parser.add_argument("--resume", action="store_true", help="skip finished runs and resume interrupted ones")
-    parser.add_argument(
-        "--report-only",
-        action="store_true",
-        help="train nothing: write the reports from the runs in --out that have finished (a benchmark run in pieces)",
-    )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     add_verbose(parser)
-    args = parser.parse_args(argv)
+    settings, args = parser.parse(argv)
     argv_list = list(sys.argv[1:] if argv is None else argv)
     launcher = "accelerate launch -m" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "python -m"
-
-    def work() -> None:
-        run_benchmark(
-            args.preset,
-            args.data,
-            args.out,
-            max_epochs=args.max_epochs,
-            max_minutes=args.max_minutes,
-            train_subset=args.train_subset,
-            pairs=args.pairs.split(",") if args.pairs is not None else None,
-            rows=args.rows.split(",") if args.rows is not None else None,
-            resume=args.resume,
-            progress=not args.no_progress,
-            seeds=parse_seeds(args.seeds),
-            report_only=args.report_only,
-            precision=args.precision,
-            command=f"{launcher} world_model.benchmark " + shlex.join(argv_list),
-        )
-
-    return run_command(work, verbose=args.verbose, on_interrupt="continue with the same command and --resume")
+    command = f"{launcher} world_model.benchmark " + shlex.join(argv_list)
+    return run_command(
+        lambda: run_benchmark(settings, command),
+        verbose=args.verbose,
+        on_interrupt="continue with the same command and --resume",
+    )
 
 
 if __name__ == "__main__":

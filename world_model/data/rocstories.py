@@ -13,21 +13,20 @@ from __future__ import annotations
 import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
 
 # isort: split
-import argparse
 import csv
 import json
 import logging
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import torch
 
 from world_model.text.vocab import PAD_ID, Vocabulary
-from world_model.utils.cli import add_verbose, check_writable, run_command
+from world_model.utils.cli import SettingsParser, add_verbose, check_writable, run_command
 
 logger = logging.getLogger(__name__)
 
@@ -267,26 +266,36 @@ def corpus_statistics(corpus: RocStoriesCorpus, vocab: Vocabulary, n: int = 16) 
     }
 
 
+@dataclass
+class StatisticsSettings:
+    """The statistics command's flags (the data folder is its positional argument)."""
+
+    json: Path | None = field(default=None, metadata={"help": "also write the statistics to this JSON file"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="ROCStories corpus statistics (paper, section 8.1).")
+    parser = SettingsParser(
+        StatisticsSettings,
+        prog="python -m world_model.data.rocstories",
+        description="ROCStories corpus statistics (paper, section 8.1).",
+    )
     parser.add_argument("data_dir", type=Path, help="folder with ROCStories*.csv and cloze_test_*.csv")
-    parser.add_argument("--json", type=Path, help="also write the statistics to this JSON file")
     add_verbose(parser)
-    args = parser.parse_args(argv)
+    settings, args = parser.parse(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    return run_command(lambda: statistics_command(args), verbose=args.verbose)
+    return run_command(lambda: statistics_command(args.data_dir, settings.json), verbose=args.verbose)
 
 
-def statistics_command(args: argparse.Namespace) -> None:
-    """The command's work: read the corpus, print (and write) its statistics."""
-    if args.json:
-        check_writable(args.json, "--json")
-    corpus = load_corpus(args.data_dir)
+def statistics_command(data_dir: Path, json_path: Path | None) -> None:
+    """The command's work: read the corpus, print its statistics (and write them to `json_path`)."""
+    if json_path:
+        check_writable(json_path, "--json")
+    corpus = load_corpus(data_dir)
     stats = corpus_statistics(corpus, build_vocabulary(corpus))
     for key, value in stats.items():
         print(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
-    if args.json:
-        args.json.write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+    if json_path:
+        json_path.write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

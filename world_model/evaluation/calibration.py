@@ -29,22 +29,22 @@ that minimises the log-loss on them, and the held-out metrics are reported at ta
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import shlex
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
-from world_model.data.rocstories import DataError
 from world_model.data.synthetic.sentences import episode_sentences, read_episodes, sentence_windows
 from world_model.models.checkpoint import CheckpointError
 from world_model.models.decoding import CALIBRATION_NAME, slot_log_likelihood
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import PAD_ID, UnknownWordError, Vocabulary
+from world_model.utils.cli import SettingsParser, add_verbose, run_command
 from world_model.utils.eval_mode import eval_mode
 
 BINS = 15  # reliability bins of equal width over [0, 1]
@@ -267,37 +267,48 @@ def plot(result: dict, path: Path) -> None:
     figure.savefig(path, dpi=120, bbox_inches="tight")
 
 
+@dataclass
+class CalibrationSettings:
+    """Which checkpoint is calibrated on which episodes, and where the report goes."""
+
+    checkpoint: str = field(metadata={"help": "predictor folder with known_sentences.txt"})
+    heldout: str = field(metadata={"help": "held-out split folder (episodes.jsonl) to report on"})
+    out: Path = field(metadata={"help": "folder for results.json, results.md, reliability.png"})
+    train: str | None = field(
+        default=None, metadata={"help": "training split folder (another seed) to fit a temperature on"}
+    )
+    save: bool = field(
+        default=False,
+        metadata={
+            "help": f"write the fitted temperature to the checkpoint's {CALIBRATION_NAME}, which rollouts then report "
+            "with"
+        },
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m world_model.evaluation.calibration", description=__doc__.split("\n\n")[0]
+    parser = SettingsParser(
+        CalibrationSettings, prog="python -m world_model.evaluation.calibration", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--checkpoint", required=True, help="predictor folder with known_sentences.txt")
-    parser.add_argument("--heldout", required=True, help="held-out split folder (episodes.jsonl) to report on")
-    parser.add_argument("--train", help="training split folder (another seed) to fit a temperature on")
-    parser.add_argument("--out", required=True, type=Path, help="folder for results.json, results.md, reliability.png")
-    parser.add_argument(
-        "--save",
-        action="store_true",
-        help=f"write the fitted temperature to the checkpoint's {CALIBRATION_NAME}, which rollouts then report with",
-    )
-    args = parser.parse_args(argv)
-    if args.save and not args.train:
+    add_verbose(parser)
+    settings, args = parser.parse(argv)
+    if settings.save and not settings.train:
         parser.error("--save needs --train: the temperature is fitted on training episodes")
-    try:
-        result = calibrate(args.checkpoint, args.heldout, args.train)
-    except (CheckpointError, DataError, OSError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     command = "python -m world_model.evaluation.calibration " + shlex.join(argv if argv is not None else sys.argv[1:])
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps({"command": command, **result}, indent=2) + "\n")
-    (args.out / "results.md").write_text(markdown(result, command))
-    plot(result, args.out / "reliability.png")
-    if args.save:
+    return run_command(lambda: calibration_command(settings, command), verbose=args.verbose)
+
+
+def calibration_command(settings: CalibrationSettings, command: str) -> None:
+    """The command's work: fit and measure, write the report (and the temperature with --save), print the table."""
+    result = calibrate(settings.checkpoint, settings.heldout, settings.train)
+    settings.out.mkdir(parents=True, exist_ok=True)
+    (settings.out / "results.json").write_text(json.dumps({"command": command, **result}, indent=2) + "\n")
+    (settings.out / "results.md").write_text(markdown(result, command))
+    plot(result, settings.out / "reliability.png")
+    if settings.save:
         saved = {"temperature": result["fitted_temperature"], "fitted_on": result["train"], "command": command}
-        (Path(args.checkpoint) / CALIBRATION_NAME).write_text(json.dumps(saved, indent=2) + "\n")
+        (Path(settings.checkpoint) / CALIBRATION_NAME).write_text(json.dumps(saved, indent=2) + "\n")
     print(markdown(result, command))
-    return 0
 
 
 if __name__ == "__main__":

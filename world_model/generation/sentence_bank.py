@@ -29,14 +29,13 @@ from __future__ import annotations
 import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
 
 # isort: split
-import argparse
 import gzip
 import json
 import os
 import re
 import sys
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -50,7 +49,7 @@ from world_model.models.four_tensor import FourTensorModel
 from world_model.models.generation_config import READOUT_CHOICES, GenerationConfig
 from world_model.models.precision import autocast
 from world_model.text.vocab import PAD_ID, UNK_ID, UnknownWordError, Vocabulary, tokenize
-from world_model.utils.cli import add_verbose, run_command
+from world_model.utils.cli import SettingsParser, add_verbose, run_command
 
 BANK_NAME = "sentence_bank.json.gz"  # in a predictor folder: {"sentences": [...], "names": [...], "source": ...}
 SAMPLE_TOP_K = 20  # sampling draws among this many best sentences unless top_k is given: over the whole bank,
@@ -535,19 +534,26 @@ def write_rocstories_bank(folder: str | os.PathLike, data_dir: str | os.PathLike
     return save_bank(folder, sentences, names, source=f"{len(train)} training stories of {data_dir}")
 
 
+@dataclass
+class BankSettings:
+    """Which stories make the bank and which predictor folder receives it."""
+
+    data: str = field(metadata={"help": "ROCStories folder (its training stories make the bank)"})
+    out: str = field(metadata={"help": "predictor folder (gets sentence_bank.json.gz)"})
+    stories: int | None = field(default=None, metadata={"help": "only the first K training stories"})
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = SettingsParser(
+        BankSettings,
         prog="python -m world_model.generation.sentence_bank",
         description="Write a predictor folder's sentence bank from ROCStories training stories.",
     )
-    parser.add_argument("--data", required=True, help="ROCStories folder (its training stories make the bank)")
-    parser.add_argument("--out", required=True, help="predictor folder (gets sentence_bank.json.gz)")
-    parser.add_argument("--stories", type=int, help="only the first K training stories")
     add_verbose(parser)
-    args = parser.parse_args(argv)
+    settings, args = parser.parse(argv)
 
     def work() -> None:
-        path = write_rocstories_bank(args.out, args.data, args.stories)
+        path = write_rocstories_bank(settings.out, settings.data, settings.stories)
         print(f"{path}: {path.stat().st_size / 1e6:.2f} MB")
 
     return run_command(work, verbose=args.verbose)

@@ -12,7 +12,6 @@ run compare equal.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import os
@@ -239,29 +238,3 @@ def load_config(path: str | os.PathLike) -> dict:
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({err})") from err
     return validate_config(data if data is not None else {}, source=str(path))
-
-
-def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
-    """One command-line flag per field of the dataclass `cls` (field batch_size -> --batch-size), defaulting to the
-    field's default: a bool becomes --x / --no-x, a tuple of ints takes one or more ints, and int, float, str or
-    an optional int take one value. Fields named in `skip` get no flag."""
-    hints = typing.get_type_hints(cls)
-    for field in dataclasses.fields(cls):
-        if field.name in skip:
-            continue
-        flag, kind = "--" + field.name.replace("_", "-"), hints[field.name]
-        if kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
-        elif typing.get_origin(kind) is tuple:
-            parser.add_argument(flag, type=int, nargs="+", default=list(field.default))
-        else:
-            options = [k for k in typing.get_args(kind) if k is not type(None)] or [kind]  # int | None -> int
-            parser.add_argument(flag, type=options[0], default=field.default)
-
-
-def dataclass_from_args(cls: type, args: argparse.Namespace, skip: tuple[str, ...] = ()):
-    """An instance of the dataclass `cls` from the flags `add_dataclass_flags` added (tuples back as tuples); the
-    fields in `skip` keep their defaults."""
-    hints = typing.get_type_hints(cls)
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.name not in skip}
-    return cls(**{k: tuple(v) if typing.get_origin(hints[k]) is tuple else v for k, v in values.items()})

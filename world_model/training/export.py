@@ -13,9 +13,9 @@ from __future__ import annotations
 import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
 
 # isort: split
-import argparse
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -25,7 +25,7 @@ from world_model.evaluation.floors import FLOORS
 from world_model.generation.sentence_bank import write_rocstories_bank
 from world_model.models.registry import count_parameters, load_model
 from world_model.text.vocab import Vocabulary
-from world_model.utils.cli import add_verbose, check_writable, run_command
+from world_model.utils.cli import SettingsParser, add_verbose, check_writable, run_command
 
 
 def model_card(config: dict, run: dict, metrics: dict, command: str, size_bytes: int) -> str:
@@ -118,40 +118,52 @@ def story_cloze_lines(metrics: dict) -> list[str]:
     return lines + [""]
 
 
+@dataclass
+class ExportSettings:
+    """What to export and where."""
+
+    run: Path = field(metadata={"help": "a training run folder (holds best/ and metrics.jsonl)"})
+    out: Path = field(metadata={"help": "destination checkpoint folder"})
+    command: str = field(metadata={"help": "the training command, for the model card"})
+    data: Path | None = field(
+        default=None, metadata={"help": "ROCStories folder: re-measure the exported weights on validation"}
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m world_model.training.export", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run", type=Path, required=True, help="a training run folder (holds best/ and metrics.jsonl)")
-    parser.add_argument("--out", type=Path, required=True, help="destination checkpoint folder")
-    parser.add_argument("--command", required=True, help="the training command, for the model card")
-    parser.add_argument("--data", type=Path, help="ROCStories folder: re-measure the exported weights on validation")
+    parser = SettingsParser(
+        ExportSettings, prog="python -m world_model.training.export", description=__doc__.split("\n\n")[0]
+    )
     add_verbose(parser)
-    args = parser.parse_args(argv)
-    return run_command(lambda: export(args), verbose=args.verbose)
+    settings, args = parser.parse(argv)
+    return run_command(lambda: export(settings), verbose=args.verbose)
 
 
-def export(args: argparse.Namespace) -> None:
+def export(settings: ExportSettings) -> None:
     """The command's work: write the run's best epoch to --out in fp16, with its model card."""
-    check_writable(args.out)
-    model = load_model(args.run / "best")
-    vocab = Vocabulary.load(args.run / "best")
-    history = [json.loads(line) for line in (args.run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    summary_path = args.run / "summary.json"
+    check_writable(settings.out)
+    model = load_model(settings.run / "best")
+    vocab = Vocabulary.load(settings.run / "best")
+    history = [json.loads(line) for line in (settings.run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    summary_path = settings.run / "summary.json"
     run = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     best_epoch = run.get("best_epoch") or min(history, key=lambda h: h["val_window_loss"])["epoch"]
     run = {**run, "history": history, "best_epoch": best_epoch, "last_epoch": history[-1]["epoch"]}
-    model.save_pretrained(args.out, vocab=vocab, dtype=torch.float16, epoch=best_epoch, source="ROCStories")
-    if args.data is not None:
-        metrics = evaluate_checkpoint(args.out, args.data)
-        write_rocstories_bank(args.out, args.data)  # the readout of world_model.generation.predict and the hub preset
+    model.save_pretrained(settings.out, vocab=vocab, dtype=torch.float16, epoch=best_epoch, source="ROCStories")
+    if settings.data is not None:
+        metrics = evaluate_checkpoint(settings.out, settings.data)
+        write_rocstories_bank(
+            settings.out, settings.data
+        )  # the readout of world_model.generation.predict and the hub preset
     else:
         metrics = {
             k: v for k, v in next(h for h in history if h["epoch"] == best_epoch).items() if k.startswith("val_")
         }
     metrics["parameters"] = count_parameters(model)
-    size = (args.out / "model.safetensors").stat().st_size
-    (args.out / "README.md").write_text(model_card(model.config.to_dict(), run, metrics, args.command, size))
+    size = (settings.out / "model.safetensors").stat().st_size
+    (settings.out / "README.md").write_text(model_card(model.config.to_dict(), run, metrics, settings.command, size))
     print(
-        f"exported epoch {best_epoch} to {args.out} ({size / 1e6:.1f} MB): L_S(4) {metrics['val_last_ce']:.4f}, "
+        f"exported epoch {best_epoch} to {settings.out} ({size / 1e6:.1f} MB): L_S(4) {metrics['val_last_ce']:.4f}, "
         f"accuracy {metrics['val_token_accuracy']:.4f}, perplexity {metrics['val_perplexity']:.1f}"
     )
 

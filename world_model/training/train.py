@@ -23,14 +23,13 @@ from __future__ import annotations
 import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
 
 # isort: split
-import argparse
 import contextlib
 import json
 import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -38,6 +37,7 @@ import torch
 
 from world_model.data.synthetic.sentences import data_kind, known_sentences
 from world_model.evaluation.floors import count_copy_prior, count_prior
+from world_model.models.precision import PRECISIONS
 from world_model.models.registry import build_model, count_parameters, model_vocab_size
 from world_model.text.vocab import Vocabulary
 from world_model.training import checkpoints
@@ -53,7 +53,14 @@ from world_model.training.loop import (
     signals_held,
     stop_reason,
 )
-from world_model.utils.cli import add_verbose, as_interrupted, check_writable, run_command, stop_signals_raise
+from world_model.utils.cli import (
+    SettingsParser,
+    add_verbose,
+    as_interrupted,
+    check_writable,
+    run_command,
+    stop_signals_raise,
+)
 from world_model.utils.files import claimed
 
 
@@ -372,50 +379,46 @@ def summarise(
     }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line of `python -m world_model.training.train` (and `wm-train`)."""
-    p = argparse.ArgumentParser(
-        description="Train the world-model predictor on ROCStories or synthetic-world sentences (paper, section 8.2)."
+@dataclass
+class TrainSettings:
+    """A training command: the config, the data and output folders, and the overrides of the config."""
+
+    config: Path = field(metadata={"help": "YAML config (configs/world_model/*.yaml)"})
+    data: Path = field(
+        metadata={
+            "help": "folder with ROCStories*.csv and cloze_test_*.csv, or a synthetic world's folder holding "
+            "train/episodes.jsonl"
+        }
     )
-    p.add_argument("--config", required=True, type=Path, help="YAML config (configs/world_model/*.yaml)")
-    p.add_argument(
-        "--data",
-        required=True,
-        type=Path,
-        help="folder with ROCStories*.csv and cloze_test_*.csv, or a synthetic world's folder holding train/episodes.jsonl",
+    out: Path = field(metadata={"help": "output folder (must not hold a run unless --resume)"})
+    resume: bool = field(default=False, metadata={"help": "continue the run in --out from its last completed epoch"})
+    max_epochs: int | None = field(default=None, metadata={"help": "override training.max_epochs"})
+    max_minutes: float | None = field(
+        default=None, metadata={"help": "stop after the epoch in which this many minutes have passed"}
     )
-    p.add_argument("--out", required=True, type=Path, help="output folder (must not hold a run unless --resume)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last completed epoch")
-    p.add_argument("--max-epochs", type=int, help="override training.max_epochs")
-    p.add_argument("--max-minutes", type=float, help="stop after the epoch in which this many minutes have passed")
-    p.add_argument("--train-subset", type=int, help="train on the first K training stories (or episodes) only")
-    p.add_argument("--seed", type=int, help="override training.seed")
-    p.add_argument(
-        "--precision",
-        choices=["fp32", "bf16"],
-        help="override training.precision (bf16: mixed precision, fp32 weights)",
+    train_subset: int | None = field(
+        default=None, metadata={"help": "train on the first K training stories (or episodes) only"}
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p
+    seed: int | None = field(default=None, metadata={"help": "override training.seed"})
+    precision: str | None = field(
+        default=None,
+        metadata={"choices": PRECISIONS, "help": "override training.precision (bf16: mixed precision, fp32 weights)"},
+    )
+    progress: bool = field(default=True, metadata={"help": "a progress bar (--no-progress: none)"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    """The command line of `python -m world_model.training.train` (and `wm-train`)."""
+    parser = SettingsParser(
+        TrainSettings,
+        prog="python -m world_model.training.train",
+        description="Train the world-model predictor on ROCStories or synthetic-world sentences (paper, section 8.2).",
+    )
     add_verbose(parser)
-    args = parser.parse_args(argv)
+    settings, args = parser.parse(argv)
+    options = asdict(settings)
     return run_command(
-        lambda: train(
-            args.config,
-            args.data,
-            args.out,
-            resume=args.resume,
-            max_epochs=args.max_epochs,
-            max_minutes=args.max_minutes,
-            train_subset=args.train_subset,
-            seed=args.seed,
-            precision=args.precision,
-            progress=not args.no_progress,
-        ),
+        lambda: train(options.pop("config"), options.pop("data"), options.pop("out"), **options),
         verbose=args.verbose,
     )
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
 
 # isort: split
-import argparse
 import json
 import os
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -34,7 +34,7 @@ from world_model.data.synthetic.simulation import (
     simulate,
 )
 from world_model.text.vocab import Vocabulary, tokenize
-from world_model.utils.cli import run_command
+from world_model.utils.cli import SettingsParser, add_verbose, run_command
 from world_model.utils.video import write_video
 
 
@@ -117,45 +117,50 @@ def generate(
     return summary
 
 
+@dataclass
+class GenerateSettings:
+    """The `generate` command's settings: how many episodes of which scenes, and where they go."""
+
+    episodes: int
+    out: Path
+    seed: int = 0
+    split: str = field(default="train", metadata={"choices": SPLITS})
+    scenes: str = field(default=",".join(SCENE_TYPES), metadata={"help": "comma-separated scene types"})
+    seconds: int = DEFAULT_SECONDS
+    fps: int = DEFAULT_FPS
+    size: int = DEFAULT_SIZE
+    overwrite: bool = False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line (see the module docstring); returns the exit status (2 on bad arguments)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m world_model.data.synthetic.generator", description=__doc__.split("\n\n")[0]
+    parser = SettingsParser(
+        GenerateSettings, prog="python -m world_model.data.synthetic.generator", description=__doc__.split("\n\n")[0]
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="write clips, episodes.jsonl and summary.json")
-    gen.add_argument("--episodes", type=int, required=True)
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--out", type=Path, required=True)
-    gen.add_argument("--split", choices=SPLITS, default="train")
-    gen.add_argument("--scenes", default=",".join(SCENE_TYPES), help="comma-separated scene types")
-    gen.add_argument("--seconds", type=int, default=DEFAULT_SECONDS)
-    gen.add_argument("--fps", type=int, default=DEFAULT_FPS)
-    gen.add_argument("--size", type=int, default=DEFAULT_SIZE)
-    gen.add_argument("--overwrite", action="store_true")
-    gen.add_argument("--verbose", action="store_true", help="show the traceback of an error")
-    args = parser.parse_args(argv)
-    return run_command(lambda: generate_command(args), verbose=args.verbose)
+    parser.add_argument("command", choices=["generate"], help="generate: write clips, episodes.jsonl and summary.json")
+    add_verbose(parser)
+    settings, args = parser.parse(argv)
+    return run_command(lambda: generate_command(settings), verbose=args.verbose)
 
 
-def generate_command(args: argparse.Namespace) -> None:
+def generate_command(settings: GenerateSettings) -> None:
     """`generate`: write the episodes and print what was written."""
     summary = generate(
-        args.episodes,
-        args.seed,
-        args.out,
-        args.split,
-        tuple(args.scenes.split(",")),
-        args.seconds,
-        args.fps,
-        args.size,
-        args.overwrite,
+        settings.episodes,
+        settings.seed,
+        settings.out,
+        settings.split,
+        tuple(settings.scenes.split(",")),
+        settings.seconds,
+        settings.fps,
+        settings.size,
+        settings.overwrite,
     )
     c = summary["ceiling"]
     per = ", ".join(f"{k} {v:.4f}" for k, v in c["per_scene"].items())
     print(
-        f"wrote {summary['episodes']} {args.split} episodes to {args.out / args.split}: {summary['counts']}; "
-        f"ceiling {c['overall']:.4f} ({per})"
+        f"wrote {summary['episodes']} {settings.split} episodes to {settings.out / settings.split}: "
+        f"{summary['counts']}; ceiling {c['overall']:.4f} ({per})"
     )
 
 

@@ -35,6 +35,7 @@ import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while 
 import json
 import math
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -42,9 +43,11 @@ import torch
 from torch import nn
 
 from world_model.data.rocstories import CLOZE_PATTERN, EXPECTED_FILES, TRAIN_PATTERN, DataError
+from world_model.models.decoding import READOUTS
 from world_model.models.generation_config import GenerationConfig
 from world_model.text.vocab import PAD_ID, Vocabulary, same_sentence
 from world_model.text.windows import caption_window, decode_states
+from world_model.utils.cli import SettingsParser, add_verbose, check_writable, run_command
 from world_model.utils.eval_mode import eval_mode
 
 EPISODES_FILE = "episodes.jsonl"
@@ -368,37 +371,43 @@ def markdown_table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+@dataclass
+class ScoreSettings:
+    """Which checkpoints are scored on which held-out episodes, and how."""
+
+    checkpoint: list[str] = field(metadata={"help": "predictor folder(s)"})
+    data: str = field(metadata={"help": "held-out split folder (with episodes.jsonl)"})
+    episodes: int = field(default=300, metadata={"help": "score the first N episodes (default 300)"})
+    observe: int = field(default=3, metadata={"help": "observed seconds (default 3)"})
+    steps: int = field(default=5, metadata={"help": "predicted seconds (default 5)"})
+    readout: str = field(
+        default="auto", metadata={"choices": READOUTS, "help": "as in pipeline.rollout (default auto)"}
+    )
+    json: str | None = field(default=None, metadata={"help": "also write the results to this JSON file"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
-    import json
-
-    from world_model.models.decoding import READOUTS
-    from world_model.utils.cli import add_verbose, check_writable, run_command
-
-    parser = argparse.ArgumentParser(
+    parser = SettingsParser(
+        ScoreSettings,
         prog="python -m world_model.data.synthetic.sentences",
         description="Next-state accuracy of predictor checkpoints on held-out synthetic-world episodes, from the "
         "true sentences (no video), beside copy-the-last-state and the simulator's ceiling.",
     )
-    parser.add_argument("--checkpoint", nargs="+", required=True, help="predictor folder(s)")
-    parser.add_argument("--data", required=True, help="held-out split folder (with episodes.jsonl)")
-    parser.add_argument("--episodes", type=int, default=300, help="score the first N episodes (default 300)")
-    parser.add_argument("--observe", type=int, default=3, help="observed seconds (default 3)")
-    parser.add_argument("--steps", type=int, default=5, help="predicted seconds (default 5)")
-    parser.add_argument("--readout", choices=READOUTS, default="auto", help="as in pipeline.rollout (default auto)")
-    parser.add_argument("--json", help="also write the results to this JSON file")
     add_verbose(parser)
-    args = parser.parse_args(argv)
+    settings, args = parser.parse(argv)
+    return run_command(lambda: score_command(settings), verbose=args.verbose)
 
-    def work() -> None:
-        if args.json:
-            check_writable(args.json, "--json")
-        results = score_checkpoints(args.checkpoint, args.data, args.episodes, args.observe, args.steps, args.readout)
-        print(markdown_table(results), end="")
-        if args.json:
-            Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
 
-    return run_command(work, verbose=args.verbose)
+def score_command(settings: ScoreSettings) -> None:
+    """The command's work: score the checkpoints, print the table (and write the JSON)."""
+    if settings.json:
+        check_writable(settings.json, "--json")
+    results = score_checkpoints(
+        settings.checkpoint, settings.data, settings.episodes, settings.observe, settings.steps, settings.readout
+    )
+    print(markdown_table(results), end="")
+    if settings.json:
+        Path(settings.json).write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":
