@@ -33,10 +33,10 @@ from __future__ import annotations
 import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
 
 # isort: split
-import argparse
 import math
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -62,7 +62,7 @@ from world_model.models.coherence_head import CoherenceHead, load_coherence_head
 from world_model.models.precision import PRECISIONS, autocast
 from world_model.models.registry import count_parameters, load_model
 from world_model.text.vocab import Vocabulary
-from world_model.utils.cli import UsageError, add_verbose, check_device, check_writable, run_command
+from world_model.utils.cli import SettingsParser, UsageError, add_verbose, check_device, check_writable, run_command
 from world_model.utils.eval_mode import eval_mode
 from world_model.utils.files import write_json_atomic
 from world_model.utils.hub import default_device
@@ -335,49 +335,67 @@ def print_coherence(reports: dict) -> None:
     print("  published (test half): " + ", ".join(f"{k} {v:.3f}" for k, v in reports["references"].items()))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Validation metrics of a trained checkpoint (paper, section 8.2).")
-    parser.add_argument(
-        "--checkpoint", required=True, type=Path, help="folder written by save_pretrained (e.g. OUT/best)"
+@dataclass
+class EvaluateSettings:
+    """Which checkpoint is evaluated on which stories, and how."""
+
+    checkpoint: Path = field(metadata={"help": "folder written by save_pretrained (e.g. OUT/best)"})
+    data: Path = field(metadata={"help": "folder with cloze_test_*.csv"})
+    out: Path | None = field(default=None, metadata={"help": "also write the metrics to this JSON file"})
+    batch_size: int = field(default=64, metadata={"help": "windows per forward pass"})
+    device: str | None = field(default=None, metadata={"help": "cpu, cuda, cuda:1 ... (default: cuda when available)"})
+    precision: str = field(
+        default="fp32", metadata={"choices": list(PRECISIONS), "help": "bf16: the forward passes under bf16 autocast"}
     )
-    parser.add_argument("--data", required=True, type=Path, help="folder with cloze_test_*.csv")
-    parser.add_argument("--out", type=Path, help="also write the metrics to this JSON file")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
-    parser.add_argument(
-        "--precision", choices=PRECISIONS, default="fp32", help="bf16: the forward passes under bf16 autocast"
-    )
-    parser.add_argument(
-        "--holdout",
-        type=int,
+    holdout: int = field(
         default=0,
-        help="validate on the last H training stories (a run's training.holdout_stories) instead of the cloze stories",
+        metadata={
+            "help": "validate on the last H training stories (a run's training.holdout_stories) instead of the "
+            "cloze stories"
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.holdout < 0:
+            raise ValueError(f"--holdout must be >= 0, got {self.holdout}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = SettingsParser(
+        EvaluateSettings,
+        prog="python -m world_model.evaluation.evaluate",
+        description="Validation metrics of a trained checkpoint (paper, section 8.2).",
     )
     add_verbose(parser)
-    args = parser.parse_args(argv)
-    if args.batch_size < 1:
-        parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.holdout < 0:
-        parser.error(f"--holdout must be >= 0, got {args.holdout}")
-    return run_command(lambda: evaluate_command(args), verbose=args.verbose)
+    settings, args = parser.parse(argv)
+    return run_command(lambda: evaluate_command(settings), verbose=args.verbose)
 
 
-def evaluate_command(args: argparse.Namespace) -> None:
+def evaluate_command(settings: EvaluateSettings) -> None:
     """The command's work: check the device and --out first, then evaluate, print and write."""
-    check_device(args.device)
-    if args.out and args.out.is_dir():
-        raise UsageError(f"--out {args.out} is a folder; give the JSON file's path")
-    if args.out:
-        check_writable(args.out)
-    result = evaluate_checkpoint(args.checkpoint, args.data, args.batch_size, args.device, args.precision, args.holdout)
+    check_device(settings.device)
+    if settings.out and settings.out.is_dir():
+        raise UsageError(f"--out {settings.out} is a folder; give the JSON file's path")
+    if settings.out:
+        check_writable(settings.out)
+    result = evaluate_checkpoint(
+        settings.checkpoint,
+        settings.data,
+        settings.batch_size,
+        settings.device,
+        settings.precision,
+        settings.holdout,
+    )
     print_result(result)
     if result["unknown_tokens"]:
         print(
             f"note: {result['unknown_tokens']} validation token(s) are not in the checkpoint's vocabulary (scored as <unk>)"
         )
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(args.out, result)
+    if settings.out:
+        settings.out.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(settings.out, result)
 
 
 if __name__ == "__main__":

@@ -29,11 +29,11 @@ from __future__ import annotations
 import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
 
 # isort: split
-import argparse
 import json
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -53,7 +53,7 @@ from world_model.models.coherence_head import CoherenceHead, load_coherence_head
 from world_model.models.generation_config import GenerationConfig
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import PAD_ID, SENTENCE_END_TOKENS, Vocabulary, tokenize
-from world_model.utils.cli import add_verbose, check_writable, run_command
+from world_model.utils.cli import SettingsParser, UsageError, add_verbose, check_writable, run_command
 
 EXAMPLES = 10  # fixed contexts shown side by side: every (contexts // EXAMPLES)-th one, from the first
 ROLLOUT_STEPS = 5
@@ -319,73 +319,73 @@ def examples_markdown(examples: list[dict]) -> list[str]:
     ]
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m world_model.evaluation.readout_eval", description=__doc__.split("\n\n")[0]
+@dataclass
+class ReadoutEvalSettings:
+    """Which predictor's readouts are measured on which stories, and where the report goes."""
+
+    checkpoint: str = field(metadata={"help": "predictor folder (with sentence_bank.json.gz unless --select)"})
+    data: str = field(metadata={"help": "ROCStories folder"})
+    out: str = field(metadata={"help": "folder for results.json / selection.json and .md"})
+    select: bool = field(default=False, metadata={"help": "choose settings on held-out training stories"})
+    heldout: int = field(default=1000, metadata={"help": "training stories held out with --select"})
+    rollout_contexts: int = field(default=1000, metadata={"help": "contexts rolled out 5 steps"})
+    contexts: int | None = field(default=None, metadata={"help": "only the first K cloze contexts (default: all)"})
+    coherence: bool = field(
+        default=False,
+        metadata={
+            "help": "also the bank ranked with the folder's coherence head (with --select: only the bank, guarded, "
+            "without and with each weight of the head)"
+        },
     )
-    parser.add_argument(
-        "--checkpoint", required=True, help="predictor folder (with sentence_bank.json.gz unless --select)"
+    examples_only: bool = field(
+        default=False,
+        metadata={"help": "write only the ten fixed examples (examples.json, examples.md), without the measures"},
     )
-    parser.add_argument("--data", required=True, help="ROCStories folder")
-    parser.add_argument("--out", required=True, help="folder for results.json / selection.json and .md")
-    parser.add_argument("--select", action="store_true", help="choose settings on held-out training stories")
-    parser.add_argument("--heldout", type=int, default=1000, help="training stories held out with --select")
-    parser.add_argument("--rollout-contexts", type=int, default=1000, help="contexts rolled out 5 steps")
-    parser.add_argument("--contexts", type=int, help="only the first K cloze contexts (default: all)")
-    parser.add_argument(
-        "--coherence",
-        action="store_true",
-        help="also the bank ranked with the folder's coherence head (with --select: only the bank, guarded, without "
-        "and with each weight of the head)",
-    )
-    parser.add_argument(
-        "--examples-only",
-        action="store_true",
-        help="write only the ten fixed examples (examples.json, examples.md), without the measures",
-    )
-    add_verbose(parser)
-    return parser.parse_args(argv)
+
+    def __post_init__(self) -> None:
+        for name in ("heldout", "rollout_contexts", "contexts"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    parser = SettingsParser(
+        ReadoutEvalSettings, prog="python -m world_model.evaluation.readout_eval", description=__doc__.split("\n\n")[0]
+    )
+    add_verbose(parser)
+    settings, args = parser.parse(argv)
     command = "python -m world_model.evaluation.readout_eval " + " ".join(argv if argv is not None else sys.argv[1:])
-    return run_command(lambda: readout_command(args, command), verbose=args.verbose)
+    return run_command(lambda: readout_command(settings, command), verbose=args.verbose)
 
 
-def readout_command(args: argparse.Namespace, command: str) -> int:
-    """The command's work (see the module docstring); 2 for a checkpoint without a sentence bank."""
-    check_writable(args.out)
-    model, vocab, _ = load_predictor(args.checkpoint)
+def readout_command(settings: ReadoutEvalSettings, command: str) -> None:
+    """The command's work (see the module docstring); a UsageError for a checkpoint without a sentence bank (or
+    without a coherence head, with --coherence)."""
+    check_writable(settings.out)
+    model, vocab, _ = load_predictor(settings.checkpoint)
     model.eval()
-    corpus = load_corpus(args.data)
-    out = Path(args.out)
+    corpus = load_corpus(settings.data)
+    out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
-    bank = None if args.select else load_bank(args.checkpoint, vocab, model.config.n_tokens)
-    if bank is None and not args.select:
-        print(
-            f"error: {args.checkpoint} has no sentence bank; build one with "
-            "python -m world_model.generation.sentence_bank",
-            file=sys.stderr,
+    bank = None if settings.select else load_bank(settings.checkpoint, vocab, model.config.n_tokens)
+    if bank is None and not settings.select:
+        raise UsageError(
+            f"{settings.checkpoint} has no sentence bank; build one with python -m world_model.generation.sentence_bank"
         )
-        return 2
-    head = load_coherence_head(args.checkpoint, model) if args.coherence else None
-    if args.coherence and head is None:
-        print(
-            f"error: {args.checkpoint} has no coherence head; train one with python -m world_model.training.coherence",
-            file=sys.stderr,
+    head = load_coherence_head(settings.checkpoint, model) if settings.coherence else None
+    if settings.coherence and head is None:
+        raise UsageError(
+            f"{settings.checkpoint} has no coherence head; train one with python -m world_model.training.coherence"
         )
-        return 2
-    if args.examples_only:
+    if settings.examples_only:
         windows = encode_windows(corpus.validation, vocab, model.config.n_tokens)
         examples = fixed_examples(model, vocab, bank, corpus.validation, windows, head)
         (out / "examples.json").write_text(json.dumps({"command": command, "examples": examples}, indent=2) + "\n")
         (out / "examples.md").write_text("\n".join([f"```\n{command}\n```", "", *examples_markdown(examples)]) + "\n")
-    elif args.select:
-        select_settings(model, vocab, corpus, args, command, out, head)
+    elif settings.select:
+        select_settings(model, vocab, corpus, settings, command, out, head)
     else:
-        measure_readouts(model, vocab, corpus, bank, args, command, out, head)
-    return 0
+        measure_readouts(model, vocab, corpus, bank, settings, command, out, head)
 
 
 def training_statistics(corpus) -> tuple[dict, frozenset[str]]:
@@ -395,13 +395,13 @@ def training_statistics(corpus) -> tuple[dict, frozenset[str]]:
     return {n: attested(train_sentences, n) for n in (2, 3)}, frozenset(t for t, _ in counts.most_common(COMMON_WORDS))
 
 
-def select_settings(model, vocab, corpus, args: argparse.Namespace, command: str, out: Path, head=None) -> None:
+def select_settings(model, vocab, corpus, settings: ReadoutEvalSettings, command: str, out: Path, head=None) -> None:
     """`--select`: every bank setting scored on the last `--heldout` training stories, with a bank built from the
     others; writes selection.json and selection.md (with a coherence `head`: the guarded bank without and with each
     weight of COHERENCE_WEIGHTS, coherence_selection.json and .md)."""
     grams, common = training_statistics(corpus)
     n_tokens = model.config.n_tokens
-    kept, heldout = corpus.train[: -args.heldout], corpus.train[-args.heldout :]
+    kept, heldout = corpus.train[: -settings.heldout], corpus.train[-settings.heldout :]
     sentences = distinct_sentences([s for story in kept for s in story.sentences], n_tokens)
     bank = SentenceBank.encode(sentences, find_names(sentences), vocab, n_tokens)
     windows = encode_windows(heldout, vocab, n_tokens)
@@ -421,7 +421,7 @@ def select_settings(model, vocab, corpus, args: argparse.Namespace, command: str
         one_step,
         rollouts,
         grams,
-        args.rollout_contexts,
+        settings.rollout_contexts,
         common,
         head,
     )
@@ -429,7 +429,7 @@ def select_settings(model, vocab, corpus, args: argparse.Namespace, command: str
         "command": command,
         "contexts": len(heldout),
         "bank_sentences": len(sentences),
-        "rollout_contexts": args.rollout_contexts,
+        "rollout_contexts": settings.rollout_contexts,
         "results": report,
     }
     (out / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
@@ -441,12 +441,12 @@ def select_settings(model, vocab, corpus, args: argparse.Namespace, command: str
 
 
 def measure_readouts(
-    model, vocab, corpus, bank: SentenceBank, args: argparse.Namespace, command: str, out: Path, head=None
+    model, vocab, corpus, bank: SentenceBank, settings: ReadoutEvalSettings, command: str, out: Path, head=None
 ):
     """The per-slot and bank readouts on the cloze contexts (and the bank ranked with the coherence `head`, at
     COHERENCE_WEIGHT, when one is given); writes results.json and results.md."""
     grams, common = training_statistics(corpus)
-    windows = encode_windows(corpus.validation[: args.contexts], vocab, model.config.n_tokens)
+    windows = encode_windows(corpus.validation[: settings.contexts], vocab, model.config.n_tokens)
     coherent = {} if head is None else bank_readouts(coherence=(COHERENCE_WEIGHT,))
     one_step = {"tokens": {"kind": "tokens"}, **bank_readouts(), **coherent}
     rollouts = {**one_step, **bank_readouts(guards=(False,))}
@@ -459,7 +459,7 @@ def measure_readouts(
         one_step,
         rollouts,
         grams,
-        args.rollout_contexts,
+        settings.rollout_contexts,
         common,
         head,
     )
@@ -468,12 +468,12 @@ def measure_readouts(
         "command": command,
         "contexts": len(windows),
         "bank_sentences": len(bank.candidates),
-        "rollout_contexts": args.rollout_contexts,
+        "rollout_contexts": settings.rollout_contexts,
         "results": report,
         "examples": examples,
     }
     (out / "results.json").write_text(json.dumps(payload, indent=2) + "\n")
-    title = f"Readouts of {args.checkpoint} on the {len(windows)} cloze contexts"
+    title = f"Readouts of {settings.checkpoint} on the {len(windows)} cloze contexts"
     (out / "results.md").write_text(markdown(title, command, report, examples))
 
 
