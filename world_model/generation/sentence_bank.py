@@ -48,6 +48,7 @@ from world_model.models.explanations import ALTERNATIVES, LastSliceProbe, StepEx
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.generation_config import READOUT_CHOICES, GenerationConfig
 from world_model.models.precision import autocast
+from world_model.models.rollout import slide_rollout
 from world_model.text.vocab import PAD_ID, UNK_ID, UnknownWordError, Vocabulary, tokenize
 from world_model.utils.cli import SettingsParser, add_verbose, run_command
 
@@ -341,17 +342,14 @@ def bank_rollout(
     Given a list, `explanations` receives each step's `StepExplanation` (on the CPU): probabilities are the softmax of
     the length-normalised scores over the bank (guarded sentences 0), with `alternatives` runner-ups.
     """
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
     device, top_k = window.device, top_k or SAMPLE_TOP_K
-    window, n_states = window.long().cpu(), model.config.n_states
     index = torch.arange(len(bank.candidates))[:, None]  # (C, 1): `choose_candidates` then returns row numbers
     length = (bank.candidates != PAD_ID).sum(dim=1).float() ** length_power  # (C,)
     if coherence is not None and not hasattr(model, "last_slice_logits"):
         raise ValueError("a coherence head reads the 4-tensor predictor's state; this model has none")
     ranking = None if coherence is None else CoherentRanking.for_bank(coherence.cpu(), bank)
-    predicted = []
-    for _ in range(steps):
+
+    def next_state(window: torch.Tensor) -> torch.Tensor:  # (B, T, N) on the CPU -> (B, N)
         with LastSliceProbe(model, active=explanations is not None) as probe:
             log_probs = slot_log_probs(model, window.to(device))
         if ranking is not None:
@@ -380,9 +378,9 @@ def bank_rollout(
             seen = {} if log_probs is None else probe.attribution(state.to(device), log_probs, PAD_ID)
             seen = {k: None if v is None else v.cpu() for k, v in seen.items()}
             explanations.append(StepExplanation(p, alts, p_alts, **seen))
-        predicted.append(state)
-        window = torch.cat([window, state[:, None]], dim=1)[:, -n_states:]
-    return torch.stack(predicted, dim=1).to(device)
+        return state
+
+    return slide_rollout(window.cpu(), steps, model.config.n_states, next_state).to(device)
 
 
 def can_explain(model) -> bool:

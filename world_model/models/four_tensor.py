@@ -35,6 +35,7 @@ from world_model.models.four_tensor_layers import FourTensorLayer, InputConstruc
 from world_model.models.generation_config import GREEDY, GenerationConfig, after_first, sample_ids
 from world_model.models.inputs import check_example, check_window
 from world_model.models.kernels import linear_cross_entropy, linear_mixture_cross_entropy
+from world_model.models.rollout import slide_rollout
 
 
 class StepStats(NamedTuple):
@@ -339,21 +340,20 @@ class FourTensorModel(PretrainedMixin, nn.Module):
         `candidates`, every predicted sentence is one of them). Given a list, `explanations` receives each step's
         `explain_state` (with `alternatives` runner-ups), read off the same forward pass.
         """
-        if steps < 1:
-            raise ValueError(f"steps must be >= 1, got {steps}")
         self.check_token_ids(token_ids)
-        window = token_ids.long()
-        predicted, seen = [], []
-        for _ in range(steps):
+        seen = []  # (logits (B, N, V), state (B, N), probe) of each step
+
+        def next_state(window: torch.Tensor) -> torch.Tensor:
             with LastSliceProbe(self, active=explanations is not None) as probe:
                 logits = self.last_slice_logits(window)  # (B, N, V)
             state = self.decode_state(logits, generation, generator, candidates)
             seen.append((logits, state, probe))
-            predicted.append(state)
-            window = torch.cat([window, state[:, None]], dim=1)[:, -self.config.n_states :]
+            return state
+
+        predicted = slide_rollout(token_ids, steps, self.config.n_states, next_state)
         if explanations is not None:
             explanations += self.explain_steps(seen, generation, candidates, alternatives)
-        return torch.stack(predicted, dim=1)
+        return predicted
 
     def explain_steps(
         self,
