@@ -6,8 +6,9 @@ import torch
 
 from tests.test_rocstories import make_folder
 from world_model.data.rocstories import build_vocabulary, load_corpus
-from world_model.evaluation.readout_eval import attested, main, one_step_measures, repeat_share, well_formed, word_f1
-from world_model.generation.sentence_bank import write_rocstories_bank
+from world_model.evaluation.readout_eval import main
+from world_model.evaluation.readout_metrics import attested, one_step_measures, repeat_share, well_formed, word_f1
+from world_model.generation.bank_file import write_rocstories_bank
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.four_tensor_config import FourTensorConfig
 from world_model.text.vocab import Vocabulary, tokenize
