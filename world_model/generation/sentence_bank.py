@@ -106,6 +106,25 @@ def seen_in_window(bank: SentenceBank, edits: tuple[torch.Tensor, ...], window: 
     return seen
 
 
+def guarded(
+    scores: torch.Tensor, bank: SentenceBank, edits: tuple[torch.Tensor, ...], window: torch.Tensor
+) -> torch.Tensor:
+    """The bank's scores (C,) with the sentences already in the window (T, N) at -inf, unless that is all of them."""
+    seen = seen_in_window(bank, edits, window)
+    return scores if seen.all() else scores.masked_fill(seen, float("-inf"))
+
+
+def step_explanation(
+    choices: list[tuple[torch.Tensor, ...]], state: torch.Tensor, log_probs: torch.Tensor | None, probe
+) -> StepExplanation:
+    """One bank rollout step's `StepExplanation` (on the CPU) from each window's (p, alternatives, their p) choice,
+    the chosen states (B, N), the per-slot log-probabilities (B, N, V) (None for a model without them) and the
+    `LastSliceProbe` that watched the forward pass."""
+    p, alts, p_alts = (torch.cat(parts) for parts in zip(*choices))
+    seen = {} if log_probs is None else probe.attribution(state.to(log_probs.device), log_probs, PAD_ID)
+    return StepExplanation(p, alts, p_alts, **{k: None if v is None else v.cpu() for k, v in seen.items()})
+
+
 @dataclass
 class CoherentRanking:
     """What the coherence head adds to the bank scores of one step: the head, its sentence vectors of the bank
@@ -190,9 +209,7 @@ def bank_rollout(
             if ranking is not None:
                 scores = scores + coherence_weight * ranking.scores(b, bank, edits, likelihood)
             if guard:
-                seen = seen_in_window(bank, edits, window[b])
-                if not seen.all():
-                    scores = scores.masked_fill(seen, float("-inf"))
+                scores = guarded(scores, bank, edits, window[b])
             row = choose_candidates(scores[None], index, temperature, top_k, generator)[0]  # (1,)
             states.append(bank.substitute_edits(edits, row)[0])
             if explanations is not None:
@@ -200,10 +217,7 @@ def bank_rollout(
                 choices.append((p, bank.substitute_edits(edits, rows[0])[None], p_rows))
         state = torch.stack(states)  # (B, N)
         if explanations is not None:
-            p, alts, p_alts = (torch.cat(parts) for parts in zip(*choices))
-            seen = {} if log_probs is None else probe.attribution(state.to(device), log_probs, PAD_ID)
-            seen = {k: None if v is None else v.cpu() for k, v in seen.items()}
-            explanations.append(StepExplanation(p, alts, p_alts, **seen))
+            explanations.append(step_explanation(choices, state, log_probs, probe))
         return state
 
     return slide_rollout(window.cpu(), steps, model.config.n_states, next_state).to(device)
