@@ -96,7 +96,7 @@ def test_compare_times_another_checkout_in_alternating_rounds_and_profiles(tmp_p
     assert "train_windows_per_second_bf16" not in figures
     printed = capsys.readouterr().out
     assert "fp32 training, 1 steps" in printed and "aten::" in printed  # the profile's operator table
-    with pytest.raises(SystemExit, match="neither a directory nor a git revision"):
-        bench_speed.main([*common, "--rounds", "1", "--compare", "no-such-revision-or-folder"])
-    with pytest.raises(SystemExit, match="holds no world_model package"):
-        bench_speed.main([*common, "--rounds", "1", "--compare", str(tmp_path)])
+    assert bench_speed.main([*common, "--rounds", "1", "--compare", "no-such-revision-or-folder"]) == 2
+    assert "neither a directory nor a git revision" in capsys.readouterr().err
+    assert bench_speed.main([*common, "--rounds", "1", "--compare", str(tmp_path)]) == 2
+    assert "holds no world_model package" in capsys.readouterr().err

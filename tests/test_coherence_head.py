@@ -10,7 +10,8 @@ from tests.test_sentence_bank import STORY, VOCAB, N, ids
 from tests.test_train import make_data
 from world_model.data.rocstories import build_vocabulary, encode_windows, load_corpus
 from world_model.evaluation.evaluate import WITH_HEAD, evaluate_checkpoint
-from world_model.generation.sentence_bank import SentenceBank, bank_rollout, resolve_readout, save_bank
+from world_model.generation.bank_file import SentenceBank, save_bank
+from world_model.generation.sentence_bank import bank_rollout, resolve_readout
 from world_model.models.checkpoint import CheckpointError
 from world_model.models.coherence_head import (
     HEAD_CONFIG,

@@ -2,12 +2,14 @@
 
 import json
 
+import pytest
 import torch
 
 from tests.test_rocstories import make_folder
 from world_model.data.rocstories import build_vocabulary, load_corpus
-from world_model.evaluation.readout_eval import attested, main, one_step_measures, repeat_share, well_formed, word_f1
-from world_model.generation.sentence_bank import write_rocstories_bank
+from world_model.evaluation.readout_eval import main
+from world_model.evaluation.readout_metrics import attested, one_step_measures, repeat_share, well_formed, word_f1
+from world_model.generation.bank_file import write_rocstories_bank
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.four_tensor_config import FourTensorConfig
 from world_model.text.vocab import Vocabulary, tokenize
@@ -64,6 +66,20 @@ def test_the_command_writes_results_with_ten_examples_at_most(tmp_path):
     assert "rollout_repeat_share" in results["results"]["tokens"]
     assert results["results"]["true next sentence"]["word_f1"] == 1.0
     assert len(results["examples"]) == 2 and "| 0 |" in (tmp_path / "out" / "results.md").read_text()
+
+
+def test_the_command_refuses_a_folder_without_a_bank_and_bad_counts(tmp_path, capsys):
+    data = make_folder(tmp_path)
+    vocab = build_vocabulary(load_corpus(data))
+    FourTensorModel(FourTensorConfig(vocab_size=len(vocab), d_x=4, d_t=2, n_heads=1, n_layers=1)).save_pretrained(
+        tmp_path / "ckpt", vocab=vocab
+    )
+    common = ["--checkpoint", str(tmp_path / "ckpt"), "--data", str(data), "--out", str(tmp_path / "out")]
+    assert main(common) == 2
+    assert capsys.readouterr().err.startswith(f"error: {tmp_path / 'ckpt'} has no sentence bank")
+    with pytest.raises(SystemExit) as stopped:
+        main([*common, "--heldout", "0"])
+    assert stopped.value.code == 2 and "--heldout must be >= 1" in capsys.readouterr().err
 
 
 def test_one_step_measures_report_the_share_of_predictions_that_restate_their_context():

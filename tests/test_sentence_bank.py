@@ -10,17 +10,9 @@ import torch
 from tests.test_baseline import V as BASELINE_V
 from tests.test_baseline import make_model as make_baseline
 from tests.test_predict import tiny_checkpoint
+from world_model.generation.bank_file import BANK_NAME, SentenceBank, find_names, load_bank, save_bank
 from world_model.generation.predict import main, predict
-from world_model.generation.sentence_bank import (
-    BANK_NAME,
-    SentenceBank,
-    bank_rollout,
-    bank_scores,
-    find_names,
-    load_bank,
-    resolve_readout,
-    save_bank,
-)
+from world_model.generation.sentence_bank import bank_rollout, bank_scores, resolve_readout
 from world_model.models.decoding import slot_log_likelihood, write_known_sentences
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.four_tensor_config import FourTensorConfig

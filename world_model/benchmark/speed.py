@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -49,7 +50,7 @@ import yaml
 
 from world_model.models.four_tensor_config import FourTensorConfig
 from world_model.models.precision import PRECISIONS
-from world_model.utils.cli import add_verbose, run_command
+from world_model.utils.cli import SettingsParser, UsageError, add_verbose, run_command
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().with_name("speed_worker.py")
@@ -135,56 +136,65 @@ class WorkerProcess:
             self.process.wait()
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="model preset (YAML with a model: section)")
-    parser.add_argument("--vocab-size", type=int, default=23256, help="vocabulary size when --data is not given")
-    parser.add_argument("--data", type=Path, help="ROCStories folder: use its vocabulary and windows")
-    parser.add_argument("--steps", type=int, default=20, help="timed training steps per round and precision")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (precisions, checkouts)")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--attention", choices=["fused", "reference"], default="fused")
-    parser.add_argument("--precisions", default="fp32,bf16", help="comma-separated subset of fp32,bf16 to time")
-    parser.add_argument(
-        "--peak-size", type=int, default=1024, help="side of the square products that measure the matmul peak"
+@dataclass
+class SpeedSettings:
+    """What the speed benchmark times, and how often."""
+
+    config: Path = field(default=DEFAULT_CONFIG, metadata={"help": "model preset (YAML with a model: section)"})
+    vocab_size: int = field(default=23256, metadata={"help": "vocabulary size when --data is not given"})
+    data: Path | None = field(default=None, metadata={"help": "ROCStories folder: use its vocabulary and windows"})
+    steps: int = field(default=20, metadata={"help": "timed training steps per round and precision"})
+    rounds: int = field(default=3, metadata={"help": "alternating rounds (precisions, checkouts)"})
+    batch_size: int = field(default=32, metadata={"help": "windows per training step"})
+    attention: str = field(default="fused", metadata={"choices": ["fused", "reference"], "help": "attention kernel"})
+    precisions: str = field(default="fp32,bf16", metadata={"help": "comma-separated subset of fp32,bf16 to time"})
+    peak_size: int = field(default=1024, metadata={"help": "side of the square products that measure the matmul peak"})
+    rollout_repeats: int = field(default=50, metadata={"help": "timed rollout steps per round and precision"})
+    compare: str | None = field(
+        default=None, metadata={"metavar": "REV_OR_DIR", "help": "also time this checkout of the project, side by side"}
     )
-    parser.add_argument("--rollout-repeats", type=int, default=50, help="timed rollout steps per round and precision")
-    parser.add_argument("--compare", metavar="REV_OR_DIR", help="also time this checkout of the project, side by side")
-    parser.add_argument("--profile", action="store_true", help="print the top operators of fp32 training and rollout")
-    parser.add_argument("--profile-steps", type=int, default=5, help="training steps (and 20x rollout steps) profiled")
-    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
-    add_verbose(parser)
-    args = parser.parse_args(argv)
-    for name in ("steps", "rounds", "batch_size", "peak_size", "rollout_repeats", "profile_steps"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    args.precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
-    if not args.precisions or any(p not in PRECISIONS for p in args.precisions):
-        parser.error(f"--precisions must name some of {', '.join(PRECISIONS)}, got {','.join(args.precisions)!r}")
-    if not args.config.is_file():
-        parser.error(f"--config {args.config} is not a file")
-    return args
+    profile: bool = field(default=False, metadata={"help": "print the top operators of fp32 training and rollout"})
+    profile_steps: int = field(default=5, metadata={"help": "training steps (and 20x rollout steps) profiled"})
+    json: Path | None = field(default=None, metadata={"help": "also write the figures to this JSON file"})
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "rounds", "batch_size", "peak_size", "rollout_repeats", "profile_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if not self.timed_precisions or any(p not in PRECISIONS for p in self.timed_precisions):
+            raise ValueError(f"--precisions must name some of {', '.join(PRECISIONS)}, got {self.precisions!r}")
+        if not Path(self.config).is_file():
+            raise ValueError(f"--config {self.config} is not a file")
+
+    @property
+    def timed_precisions(self) -> list[str]:
+        """The precisions --precisions names, in its order."""
+        return [p.strip() for p in self.precisions.split(",") if p.strip()]
 
 
-def load_inputs(args: argparse.Namespace) -> dict:
+def load_inputs(settings: SpeedSettings) -> dict:
     """What a worker builds its model from: the preset's FourTensorConfig settings, the vocabulary size, the
     (count, T+1, N) windows to train on, the batch size."""
-    section = yaml.safe_load(args.config.read_text())["model"]
-    settings = {k: v for k, v in section.items() if k in FourTensorConfig.__dataclass_fields__ and k != "vocab_size"}
-    settings["attention"] = args.attention
-    if args.data is not None:
+    section = yaml.safe_load(settings.config.read_text())["model"]
+    model = {k: v for k, v in section.items() if k in FourTensorConfig.__dataclass_fields__ and k != "vocab_size"}
+    model["attention"] = settings.attention
+    if settings.data is not None:
         from world_model.data.rocstories import build_vocabulary, encode_windows, load_corpus
 
-        corpus = load_corpus(args.data)
+        corpus = load_corpus(settings.data)
         vocab = build_vocabulary(corpus)
         vocab_size = len(vocab)
-        windows = encode_windows(corpus.train[: args.batch_size * args.steps], vocab)
+        windows = encode_windows(corpus.train[: settings.batch_size * settings.steps], vocab)
     else:
-        vocab_size = args.vocab_size
+        vocab_size = settings.vocab_size
         windows = random_windows(
-            args.batch_size * args.steps, vocab_size, settings.get("n_states", 4), settings.get("n_tokens", 16), 0.40
+            settings.batch_size * settings.steps,
+            vocab_size,
+            model.get("n_states", 4),
+            model.get("n_tokens", 16),
+            0.40,
         )
-    return {"settings": settings, "vocab_size": vocab_size, "windows": windows, "batch_size": args.batch_size}
+    return {"settings": model, "vocab_size": vocab_size, "windows": windows, "batch_size": settings.batch_size}
 
 
 def display_path(path: Path) -> str:
@@ -199,43 +209,45 @@ def checkout_to_compare(rev_or_dir: str, stack: contextlib.ExitStack) -> Path:
     path = Path(rev_or_dir)
     if path.is_dir():
         if not (path / "world_model" / "__init__.py").is_file():
-            raise SystemExit(f"--compare {rev_or_dir}: the directory holds no world_model package")
+            raise UsageError(f"--compare {rev_or_dir}: the directory holds no world_model package")
         return path.resolve()
     git = ["git", "-C", str(ROOT)]
     found = subprocess.run([*git, "rev-parse", "--verify", "--quiet", f"{rev_or_dir}^{{commit}}"], capture_output=True)
     if found.returncode != 0:
-        raise SystemExit(f"--compare {rev_or_dir}: neither a directory nor a git revision of {ROOT}")
+        raise UsageError(f"--compare {rev_or_dir}: neither a directory nor a git revision of {ROOT}")
     folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="speed-compare-"))) / "checkout"
     subprocess.run([*git, "worktree", "add", "--detach", str(folder), rev_or_dir], check=True, capture_output=True)
     stack.callback(subprocess.run, [*git, "worktree", "remove", "--force", str(folder)], capture_output=True)
     return folder
 
 
-def timed_rounds(workers: dict[str, WorkerProcess], args: argparse.Namespace) -> dict:
+def timed_rounds(workers: dict[str, WorkerProcess], settings: SpeedSettings) -> dict:
     """{checkout: {precision: [per round]}} of windows per wall second ("train"), per CPU second of the worker
     ("train_cpu"), rollout ms of wall and CPU time ("rollout", "rollout_cpu"), the checkouts taking turns (the
     first one alternating), and every precision inside each turn; each worker's peak RSS ("rss"); the matmul peak
     of each precision ("peak", GFLOP/s, the best of one measurement per round)."""
     names = list(workers)
-    train = {n: {p: [] for p in args.precisions} for n in names}
-    train_cpu = {n: {p: [] for p in args.precisions} for n in names}
-    rollout = {n: {p: [] for p in args.precisions} for n in names}
-    rollout_cpu = {n: {p: [] for p in args.precisions} for n in names}
+    train = {n: {p: [] for p in settings.timed_precisions} for n in names}
+    train_cpu = {n: {p: [] for p in settings.timed_precisions} for n in names}
+    rollout = {n: {p: [] for p in settings.timed_precisions} for n in names}
+    rollout_cpu = {n: {p: [] for p in settings.timed_precisions} for n in names}
     rss = {n: 0.0 for n in names}
     peak = {p: 0.0 for p in PRECISIONS}
-    for r in range(args.rounds):
+    for r in range(settings.rounds):
         for name in names if r % 2 == 0 else names[::-1]:
-            for precision in args.precisions:
-                answer = workers[name].request(op="train", precision=precision, steps=args.steps)
+            for precision in settings.timed_precisions:
+                answer = workers[name].request(op="train", precision=precision, steps=settings.steps)
                 train[name][precision].append(answer["windows_per_second"])
                 train_cpu[name][precision].append(answer["windows_per_cpu_second"])
                 rss[name] = max(rss[name], answer["peak_rss_mib"])
         for p in PRECISIONS:  # once a round, the best of them: a busy moment of the machine lowers one round's
-            peak[p] = max(peak[p], matmul_peak_gflops(args.peak_size, torch.float32 if p == "fp32" else torch.bfloat16))
-    for r in range(args.rounds):
+            peak[p] = max(
+                peak[p], matmul_peak_gflops(settings.peak_size, torch.float32 if p == "fp32" else torch.bfloat16)
+            )
+    for r in range(settings.rounds):
         for name in names if r % 2 == 0 else names[::-1]:
-            for precision in args.precisions:
-                answer = workers[name].request(op="rollout", precision=precision, repeats=args.rollout_repeats)
+            for precision in settings.timed_precisions:
+                answer = workers[name].request(op="rollout", precision=precision, repeats=settings.rollout_repeats)
                 rollout[name][precision].append(answer["ms"])
                 rollout_cpu[name][precision].append(answer["cpu_ms"])
     return {
@@ -269,11 +281,11 @@ def precision_figures(rounds: dict[str, list[float]], flops: float, peak: dict[s
     return figures
 
 
-def compare_figures(timings: dict, flops: float, peak: dict[str, float], args: argparse.Namespace) -> dict:
+def compare_figures(timings: dict, flops: float, peak: dict[str, float], settings: SpeedSettings) -> dict:
     """The other checkout's windows/s, fraction of the matmul peak (at this checkout's FLOPs per window, the same
     function) and rollout ms, and this checkout's ratios to them (> 1: this is faster)."""
-    figures: dict = {"compared_with": args.compare}
-    for p in args.precisions:
+    figures: dict = {"compared_with": settings.compare}
+    for p in settings.timed_precisions:
         mine, theirs = timings["train"]["this"][p], timings["train"]["other"][p]
         ratios = [a / b for a, b in zip(mine, theirs)]
         figures[f"other_train_windows_per_second_{p}"] = round(statistics.median(theirs), 1)
@@ -300,71 +312,78 @@ def compare_figures(timings: dict, flops: float, peak: dict[str, float], args: a
     return figures
 
 
-def measure(workers: dict[str, WorkerProcess], inputs: dict, args: argparse.Namespace) -> dict:
+def measure(workers: dict[str, WorkerProcess], inputs: dict, settings: SpeedSettings) -> dict:
     """Every figure the command prints, in order."""
     load_before = os.getloadavg()  # 1, 5 and 15 minute load averages: how busy the machine was
-    flops = workers["this"].request(op="flops")["flops_per_step"] / args.batch_size  # the work of a window
-    timings = timed_rounds(workers, args)
+    flops = workers["this"].request(op="flops")["flops_per_step"] / settings.batch_size  # the work of a window
+    timings = timed_rounds(workers, settings)
     peak = timings["peak"]
     figures: dict = {
-        "config": display_path(args.config),
+        "config": display_path(settings.config),
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "vocab_size": inputs["vocab_size"],
         "parameters": workers["this"].parameters,
         "threads": torch.get_num_threads(),
         "cpu": cpu_capability(),
-        "attention": args.attention,
-        "batch_size": args.batch_size,
+        "attention": settings.attention,
+        "batch_size": settings.batch_size,
         "gflop_per_window": float(f"{flops / 1e9:.4g}"),
     }
     figures.update(precision_figures(timings["train"]["this"], flops, peak))
-    for p in args.precisions:
+    for p in settings.timed_precisions:
         per_cpu_second = statistics.median(timings["train_cpu"]["this"][p])
         figures[f"train_windows_per_cpu_second_{p}"] = round(per_cpu_second, 1)
         # GFLOP per second of the process's CPU time over the peak: the fraction that descheduling does not dilute
         figures[f"fraction_of_own_peak_per_cpu_second_{p}"] = round(per_cpu_second * flops / 1e9 / peak[p], 3)
-    if {"fp32", "bf16"} <= set(args.precisions):
+    if {"fp32", "bf16"} <= set(settings.timed_precisions):
         figures["bf16_speedup"] = round(
             figures["train_windows_per_second_bf16"] / figures["train_windows_per_second_fp32"], 2
         )
     figures["peak_rss_mib"] = round(timings["rss"]["this"], 1)
-    for p in args.precisions:
+    for p in settings.timed_precisions:
         figures[f"rollout_step_ms_batch1_{p}"] = round(statistics.median(timings["rollout"]["this"][p]), 2)
         figures[f"rollout_step_cpu_ms_batch1_{p}"] = round(statistics.median(timings["rollout_cpu"]["this"][p]), 2)
     if "other" in workers:
-        figures.update(compare_figures(timings, flops, peak, args))
+        figures.update(compare_figures(timings, flops, peak, settings))
     return figures
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    return run_command(lambda: time_checkouts(args), verbose=args.verbose)
+    parser = SettingsParser(
+        SpeedSettings,
+        prog="python -m world_model.benchmark.speed",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_verbose(parser)
+    settings, args = parser.parse(argv)
+    return run_command(lambda: time_checkouts(settings), verbose=args.verbose)
 
 
-def time_checkouts(args: argparse.Namespace) -> None:
+def time_checkouts(settings: SpeedSettings) -> None:
     """The command's work: time this checkout (and `--compare`'s) in worker processes, print (and write) the
     figures, and the profile's top operators with `--profile`."""
-    inputs = load_inputs(args)
+    inputs = load_inputs(settings)
     with contextlib.ExitStack() as stack:
         roots = {"this": ROOT}
-        if args.compare:
-            roots["other"] = checkout_to_compare(args.compare, stack)
+        if settings.compare:
+            roots["other"] = checkout_to_compare(settings.compare, stack)
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="speed-inputs-")))
         torch.save(inputs, folder / "inputs.pt")
         workers = {}
         for name, root in roots.items():
             workers[name] = WorkerProcess(root, folder / "inputs.pt")
             stack.callback(workers[name].close)
-        figures = measure(workers, inputs, args)
+        figures = measure(workers, inputs, settings)
         for key, value in figures.items():
             print(f"{key:>42}: {value}")
-        if args.json:
-            args.json.write_text(json.dumps(figures, indent=2) + "\n")
-        if args.profile:
-            tables = workers["this"].request(op="profile", steps=args.profile_steps, rows=15)
-            print(f"\nfp32 training, {args.profile_steps} steps:\n{tables['train']}")
-            print(f"rollout at batch 1, {20 * args.profile_steps} steps:\n{tables['rollout']}")
+        if settings.json:
+            settings.json.write_text(json.dumps(figures, indent=2) + "\n")
+        if settings.profile:
+            tables = workers["this"].request(op="profile", steps=settings.profile_steps, rows=15)
+            print(f"\nfp32 training, {settings.profile_steps} steps:\n{tables['train']}")
+            print(f"rollout at batch 1, {20 * settings.profile_steps} steps:\n{tables['rollout']}")
 
 
 if __name__ == "__main__":

@@ -33,10 +33,10 @@ from __future__ import annotations
 import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
 
 # isort: split
-import argparse
 import math
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -56,19 +56,18 @@ from world_model.data.rocstories import (
 )
 from world_model.evaluation import coherence as coh
 from world_model.evaluation import story_cloze as sc
-from world_model.evaluation.floors import FLOORS, floor_report, floor_settings
+from world_model.evaluation.evaluate_report import DUAL_ENCODER, WITH_HEAD, print_result
+from world_model.evaluation.floors import floor_report
 from world_model.evaluation.floors.dual_encoder import dual_encoder_scorer, fit_dual_encoder
 from world_model.models.coherence_head import CoherenceHead, load_coherence_head
 from world_model.models.precision import PRECISIONS, autocast
 from world_model.models.registry import count_parameters, load_model
 from world_model.text.vocab import Vocabulary
-from world_model.utils.cli import UsageError, add_verbose, check_device, check_writable, run_command
+from world_model.utils.cli import SettingsParser, UsageError, add_verbose, check_device, check_writable, run_command
 from world_model.utils.eval_mode import eval_mode
 from world_model.utils.files import write_json_atomic
 from world_model.utils.hub import default_device
 
-DUAL_ENCODER = "bag_of_words_dual_encoder"  # the coherence floor's name in reports
-WITH_HEAD = "model + coherence head"  # the model scored with its folder's coherence head
 SUM_KEYS = ("window_ce_sum", "window_tokens", "last_ce_sum", "last_correct", "last_tokens")
 
 
@@ -271,113 +270,67 @@ def fitted_floors(
     return floor_report(train_windows, val_windows, len(vocab))
 
 
-def print_result(result: dict) -> None:
-    """The metrics, then the floors beside the model and the Story Cloze accuracies."""
-    for key, value in result.items():
-        if not isinstance(value, dict) and value is not None:
-            print(f"{key}: {value:.6f}" if isinstance(value, float) else f"{key}: {value}")
-    floors = result["floors"]
-    if floors is None:
-        print("floors: none (no training file ROCStories*.csv in the data folder)")
-    else:
-        sel = floors["selection"]
-        print(
-            f"floors on the same validation tokens (fitted on {floors['train_windows']} training windows; settings chosen on the "
-            f"last {sel['heldout_windows']} of them, held out):"
-        )
-        for name in FLOORS:
-            f = floors[name]
-            print(
-                f"  {name:<22} L_S(4) {f['val_last_ce']:.4f}  token accuracy {f['val_token_accuracy']:.4f}  "
-                f"({floor_settings(f)})"
-            )
-        print(f"  {'model':<22} L_S(4) {result['val_last_ce']:.4f}  token accuracy {result['val_token_accuracy']:.4f}")
-        print(
-            f"  a writer that must also say where S(4) ends, as the free-running baseline does, pays on top: "
-            f"{floors['end_cost']:.4f} knowing only the training sentences' per-slot end rate"
-            + (f", {result['val_last_end_cost']:.4f} for this model" if "val_last_end_cost" in result else "")
-        )
-        print(
-            f"  the position unigram counted on the training S(4) slots alone (the tokens the flat baseline is trained "
-            f"on): L_S(4) {floors['last_sentence']['val_last_ce']:.4f} (alpha {floors['last_sentence']['alpha']:g})"
-        )
-    print("Story Cloze accuracy (right ending by S(4) log-likelihood; summed / per token):")
-    for name, halves in result["story_cloze"].items():
-        if name != "references":
-            print(
-                f"  {name:<22} "
-                + "  ".join(
-                    f"{half} {h['summed']:.3f} / {h['per_token']:.3f} ({h['stories']} stories)"
-                    for half, h in halves.items()
-                )
-            )
-    print("  published: " + ", ".join(f"{k} {v:.3f}" for k, v in result["story_cloze"]["references"].items()))
-    print_coherence(result["coherence"])
+@dataclass
+class EvaluateSettings:
+    """Which checkpoint is evaluated on which stories, and how."""
 
-
-def print_coherence(reports: dict) -> None:
-    """Story Cloze (test half, the rule chosen on the val half, val beside it) and retrieval of every scorer."""
-    candidates = next(iter(reports.values()))["retrieval"]["candidates"]
-    print(
-        "Coherence: Story Cloze on the test half with the decision rule chosen on the val half (val beside it); "
-        f"the right ending ranked among {candidates} candidates (its wrong ending and {candidates - 2} right endings "
-        "of other cloze stories):"
+    checkpoint: Path = field(metadata={"help": "folder written by save_pretrained (e.g. OUT/best)"})
+    data: Path = field(metadata={"help": "folder with cloze_test_*.csv"})
+    out: Path | None = field(default=None, metadata={"help": "also write the metrics to this JSON file"})
+    batch_size: int = field(default=64, metadata={"help": "windows per forward pass"})
+    device: str | None = field(default=None, metadata={"help": "cpu, cuda, cuda:1 ... (default: cuda when available)"})
+    precision: str = field(
+        default="fp32", metadata={"choices": list(PRECISIONS), "help": "bf16: the forward passes under bf16 autocast"}
     )
-    print(f"  {'scorer':<26} {'rule':<16} {'test':>6} {'val':>6} {'R@1':>6} {'R@10':>6} {'MRR':>6}")
-    for name, r in reports.items():
-        if name != "references":
-            rule = {DUAL_ENCODER: "similarity", WITH_HEAD: "head score"}.get(name, r["rule"])
-            q = r["retrieval"]
-            print(
-                f"  {name:<26} {rule:<16} {r.get('test', float('nan')):>6.3f} {r['val']:>6.3f} "
-                f"{q['recall_at_1']:>6.3f} {q['recall_at_10']:>6.3f} {q['mrr']:>6.3f}"
-            )
-    print("  published (test half): " + ", ".join(f"{k} {v:.3f}" for k, v in reports["references"].items()))
+    holdout: int = field(
+        default=0,
+        metadata={
+            "help": "validate on the last H training stories (a run's training.holdout_stories) instead of the "
+            "cloze stories"
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.holdout < 0:
+            raise ValueError(f"--holdout must be >= 0, got {self.holdout}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Validation metrics of a trained checkpoint (paper, section 8.2).")
-    parser.add_argument(
-        "--checkpoint", required=True, type=Path, help="folder written by save_pretrained (e.g. OUT/best)"
-    )
-    parser.add_argument("--data", required=True, type=Path, help="folder with cloze_test_*.csv")
-    parser.add_argument("--out", type=Path, help="also write the metrics to this JSON file")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
-    parser.add_argument(
-        "--precision", choices=PRECISIONS, default="fp32", help="bf16: the forward passes under bf16 autocast"
-    )
-    parser.add_argument(
-        "--holdout",
-        type=int,
-        default=0,
-        help="validate on the last H training stories (a run's training.holdout_stories) instead of the cloze stories",
+    parser = SettingsParser(
+        EvaluateSettings,
+        prog="python -m world_model.evaluation.evaluate",
+        description="Validation metrics of a trained checkpoint (paper, section 8.2).",
     )
     add_verbose(parser)
-    args = parser.parse_args(argv)
-    if args.batch_size < 1:
-        parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.holdout < 0:
-        parser.error(f"--holdout must be >= 0, got {args.holdout}")
-    return run_command(lambda: evaluate_command(args), verbose=args.verbose)
+    settings, args = parser.parse(argv)
+    return run_command(lambda: evaluate_command(settings), verbose=args.verbose)
 
 
-def evaluate_command(args: argparse.Namespace) -> None:
+def evaluate_command(settings: EvaluateSettings) -> None:
     """The command's work: check the device and --out first, then evaluate, print and write."""
-    check_device(args.device)
-    if args.out and args.out.is_dir():
-        raise UsageError(f"--out {args.out} is a folder; give the JSON file's path")
-    if args.out:
-        check_writable(args.out)
-    result = evaluate_checkpoint(args.checkpoint, args.data, args.batch_size, args.device, args.precision, args.holdout)
+    check_device(settings.device)
+    if settings.out and settings.out.is_dir():
+        raise UsageError(f"--out {settings.out} is a folder; give the JSON file's path")
+    if settings.out:
+        check_writable(settings.out)
+    result = evaluate_checkpoint(
+        settings.checkpoint,
+        settings.data,
+        settings.batch_size,
+        settings.device,
+        settings.precision,
+        settings.holdout,
+    )
     print_result(result)
     if result["unknown_tokens"]:
         print(
             f"note: {result['unknown_tokens']} validation token(s) are not in the checkpoint's vocabulary (scored as <unk>)"
         )
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(args.out, result)
+    if settings.out:
+        settings.out.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(settings.out, result)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from world_model.models.decoding import check_candidates, choose_candidates
 from world_model.models.generation_config import GREEDY, GenerationConfig, after_first, sample_ids
 from world_model.models.kv_cache import CachedDecoding
+from world_model.models.rollout import slide_rollout
 
 
 class BaselineGeneration(CachedDecoding):
@@ -190,14 +191,9 @@ class BaselineGeneration(CachedDecoding):
         every predicted state is one of its rows (closed-set readout, see `generate`; the banned ids are then
         unused).
         """
-        if steps < 1:
-            raise ValueError(f"steps must be >= 1, got {steps}")
         self.check_window(token_ids)
         c = self.config
         generation = replace(generation, banned_ids=(*generation.banned_ids, c.padding_idx, c.bos_id))
-        window, predicted = token_ids.long(), []
-        for _ in range(steps):
-            state = self.generate(window, generation, generator, candidates)
-            predicted.append(state)
-            window = torch.cat([window, state[:, None]], dim=1)[:, -c.n_states :]
-        return torch.stack(predicted, dim=1)
+        return slide_rollout(
+            token_ids, steps, c.n_states, lambda window: self.generate(window, generation, generator, candidates)
+        )

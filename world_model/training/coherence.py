@@ -17,11 +17,11 @@
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -35,6 +35,7 @@ from world_model.evaluation.seed_stats import mean_sd, t_975
 from world_model.models.coherence_head import CoherenceHead, CoherenceHeadConfig, pooled_state, save_coherence_head
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import PAD_ID
+from world_model.utils.cli import SettingsParser, add_verbose, run_command
 from world_model.utils.files import write_json_atomic
 
 # The predictor's ratio weight is never negative: a negative weight prefers the endings the story makes less likely,
@@ -198,31 +199,44 @@ def train_coherence_heads(
     return heads
 
 
+@dataclass
+class CoherenceSettings:
+    """Which predictor gets a coherence head, trained on which stories, with which seeds."""
+
+    checkpoint: str = field(metadata={"help": "predictor folder (4-tensor model)"})
+    data: str = field(metadata={"help": "ROCStories folder (training stories and the cloze halves)"})
+    seeds: tuple[int, ...] = field(default=(0,), metadata={"help": "one head per seed; the first is written"})
+    out: str | None = field(
+        default=None, metadata={"help": "folder that gets the first seed's head (default: the checkpoint folder)"}
+    )
+    batch_negatives_only: bool = field(
+        default=False, metadata={"help": "train against the batch's next sentences alone"}
+    )
+    report: str | None = field(
+        default=None, metadata={"help": "also write every seed's coherence report and their summary to this JSON file"}
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m world_model.training.coherence", description=__doc__.split("\n\n")[0]
+    parser = SettingsParser(
+        CoherenceSettings, prog="python -m world_model.training.coherence", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--checkpoint", required=True, help="predictor folder (4-tensor model)")
-    parser.add_argument("--data", required=True, help="ROCStories folder (training stories and the cloze halves)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one head per seed; the first is written")
-    parser.add_argument("--out", help="folder that gets the first seed's head (default: the checkpoint folder)")
-    parser.add_argument(
-        "--batch-negatives-only", action="store_true", help="train against the batch's next sentences alone"
+    add_verbose(parser)
+    settings, args = parser.parse(argv)
+    return run_command(lambda: coherence_command(settings), verbose=args.verbose)
+
+
+def coherence_command(settings: CoherenceSettings) -> None:
+    """The command's work: train a head per seed, write the first, print (and write) the reports' summary."""
+    out = Path(settings.out or settings.checkpoint)
+    heads = train_coherence_heads(
+        settings.checkpoint, settings.data, settings.seeds, out, not settings.batch_negatives_only
     )
-    parser.add_argument("--report", help="also write every seed's coherence report and their summary to this JSON file")
-    args = parser.parse_args(argv)
-    try:
-        out = Path(args.out or args.checkpoint)
-        heads = train_coherence_heads(args.checkpoint, args.data, args.seeds, out, not args.batch_negatives_only)
-    except (DataError, ValueError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     reports = [report for _, report in heads]
     summary = seed_summary(reports)
-    if args.report:
-        write_json_atomic(Path(args.report), {"seeds": reports, "summary": summary, "written": str(out)})
+    if settings.report:
+        write_json_atomic(Path(settings.report), {"seeds": reports, "summary": summary, "written": str(out)})
     print(json.dumps({"summary": summary}))
-    return 0
 
 
 if __name__ == "__main__":
