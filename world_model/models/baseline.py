@@ -59,9 +59,9 @@ from world_model.models.baseline_generation import BaselineGeneration
 from world_model.models.baseline_layers import Block
 from world_model.models.baseline_packing import FreeRun, Packed, aligned_correct, compact, gold_steps
 from world_model.models.checkpoint import PretrainedMixin
-from world_model.models.four_tensor import StepStats
 from world_model.models.four_tensor_layers import sinusoidal_embedding
 from world_model.models.inputs import INT_DTYPES, check_example, check_window
+from world_model.models.step_stats import StepStats
 
 
 class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):

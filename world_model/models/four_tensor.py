@@ -15,8 +15,6 @@ this module (the model: encoding, readout, loss).
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 from torch import nn
 
@@ -27,17 +25,7 @@ from world_model.models.four_tensor_generation import FourTensorGeneration
 from world_model.models.four_tensor_layers import FourTensorLayer, InputConstruction
 from world_model.models.inputs import check_example, check_window
 from world_model.models.kernels import linear_cross_entropy, linear_mixture_cross_entropy
-
-
-class StepStats(NamedTuple):
-    """One training step: the window loss and the last-slice statistics on S(T)."""
-
-    loss: torch.Tensor  # mean cross-entropy over the non-padding targets of S(1..T)
-    window_ce_sum: torch.Tensor  # summed cross-entropy over the same targets
-    window_tokens: torch.Tensor  # their count
-    last_ce_sum: torch.Tensor  # summed cross-entropy over the non-padding tokens of S(T)
-    last_correct: torch.Tensor  # argmax matches on those tokens (eval mode; 0 in training mode, which skips the argmax)
-    last_tokens: torch.Tensor  # their count
+from world_model.models.step_stats import StepStats
 
 
 def scored_order(earlier: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
