@@ -45,7 +45,7 @@ from world_model.models.four_tensor import FourTensorModel
 from world_model.models.generation_config import READOUT_CHOICES, GenerationConfig
 from world_model.models.precision import autocast
 from world_model.models.rollout import slide_rollout
-from world_model.text.vocab import PAD_ID, UNK_ID, Vocabulary
+from world_model.text.vocab import PAD_ID, Vocabulary
 from world_model.utils.cli import SettingsParser, add_verbose, run_command
 
 SAMPLE_TOP_K = 20  # sampling draws among this many best sentences unless top_k is given: over the whole bank,
@@ -62,9 +62,7 @@ def slot_log_probs(model, window: torch.Tensor) -> torch.Tensor | None:
     word excluded as in its own readout; None for a model with `score_sentences` (the flat baseline)."""
     if hasattr(model, "score_sentences"):
         return None
-    logits = model.last_slice_logits(window).float().clone()
-    logits[..., [PAD_ID, UNK_ID]] = float("-inf")
-    return logits.log_softmax(dim=-1)
+    return CoherenceHead.slot_log_probs(model, window)
 
 
 def bank_scores(
@@ -135,6 +133,7 @@ class CoherentRanking:
     sentences: torch.Tensor
     context: torch.Tensor | None = None
     blank: torch.Tensor | None = None
+    blanks: dict[int, torch.Tensor] = field(default_factory=dict)  # blank log-probabilities by window length
 
     @classmethod
     def for_bank(cls, head: CoherenceHead, bank: SentenceBank) -> "CoherentRanking":
@@ -148,7 +147,10 @@ class CoherentRanking:
     def read(self, model, window: torch.Tensor) -> None:
         """Set the context vectors and the blank log-probabilities for the windows (B, T, N) of this step."""
         self.context = self.head.context_vectors(pooled_state(model.encode(window), window), window).cpu()
-        self.blank = self.head.slot_log_probs(model, torch.zeros_like(window[:1]))[0].cpu()
+        length = window.shape[1]  # a blank window depends on nothing else: computed once per length
+        if length not in self.blanks:
+            self.blanks[length] = self.head.slot_log_probs(model, torch.zeros_like(window[:1]))[0].cpu()
+        self.blank = self.blanks[length]
 
     def scores(self, b: int, bank: SentenceBank, edits: tuple[torch.Tensor, ...], likelihood: torch.Tensor):
         """The head's score (C,) of every bank sentence after window b, given their summed log-likelihoods (C,)."""

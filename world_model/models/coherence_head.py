@@ -70,6 +70,13 @@ class CoherenceHeadConfig:
     extra: dict | None = None  # provenance (seed, chosen epoch, selection)
 
 
+def readout_log_probs(logits: torch.Tensor) -> torch.Tensor:
+    """Logits (B, N, V) -> fp32 log-probabilities with padding and the unknown word excluded, as the readouts do."""
+    logits = logits.float().clone()
+    logits[..., [PAD_ID, UNK_ID]] = float("-inf")
+    return logits.log_softmax(-1)
+
+
 def pooled_state(X: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """X (B, N, T, d) and the window (B, T, N) -> (B, 2 d): the mean over the non-padding slots of the last
     sentence, then over those of every sentence (a window without any gives zeros)."""
@@ -119,16 +126,14 @@ class CoherenceHead(nn.Module):
     def slot_log_probs(model, window: torch.Tensor) -> torch.Tensor:
         """The predictor's per-slot log-probabilities (B, N, V) of the next sentence, padding and the unknown word
         excluded as in its readouts."""
-        logits = model.last_slice_logits(window).float().clone()
-        logits[..., [PAD_ID, UNK_ID]] = float("-inf")
-        return logits.log_softmax(-1)
+        return readout_log_probs(model.last_slice_logits(window))
 
     def context_and_log_probs(self, model, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(context vectors (B, dim), per-slot log-probabilities (B, N, V) after the window, and (N, V) after a
         blank window) in one pass of the frozen predictor."""
         window = window.long()
-        X = model.encode(window)
-        log_probs = self.slot_log_probs(model, window)
+        X = model.encode(window)  # (B, N, T, d): the context's states and, at the last slice, the next sentence's
+        log_probs = readout_log_probs(model.slice_logits(X, window, X.shape[2] - 1))
         blank = self.slot_log_probs(model, torch.zeros_like(window[:1]))[0]
         return self.context_vectors(pooled_state(X, window), window), log_probs, blank
 
