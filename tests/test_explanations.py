@@ -11,7 +11,7 @@ from tests.model_factories import one_torch_thread
 from world_model.generation.explain import step_records, window_sources
 from world_model.generation.sentence_bank import SentenceBank, bank_rollout, slot_log_probs
 from world_model.models.decoding import slot_log_likelihood, write_known_sentences
-from world_model.models.explanations import LastSliceProbe
+from world_model.models.explanations import LastSliceProbe, slice_mass
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.four_tensor_config import FourTensorConfig
 from world_model.models.generation_config import GenerationConfig
@@ -67,15 +67,15 @@ def test_recorded_attention_is_the_last_slice_of_the_full_attention(vocab, windo
     model = tiny_model(vocab, **options)
     with torch.no_grad(), LastSliceProbe(model) as probe:
         model.encode(windows)
-    weights = probe.weights()
-    assert weights.shape[0] == 2, "one record per layer"
+    weights = probe.weights()  # (passes, layers, B, H, N, N, T)
+    assert weights.shape[:2] == (1, 2), "one pass, one record per layer"
     X = model.input_construction(windows).flatten(3)  # (B, N, T, d), the first layer's input
     pad = model.build_pad_mask(windows)
     first = model.layers[0]
     with torch.no_grad():
         full = first.attention.attention_weights(first.ln_attn(X), pad)  # (B, H, N, T, N, T)
     expected = full[:, :, :, -1].flatten(3)  # (B, H, N, N*T)
-    torch.testing.assert_close(weights[0], expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(weights[0, 0].flatten(-2), expected, rtol=1e-5, atol=1e-6)
     assert all(a.last_slice_probe is None for a in (layer.attention for layer in model.layers)), "probe removed"
 
 
@@ -241,8 +241,9 @@ def test_without_explain_the_output_is_unchanged_and_explanations_can_be_off(par
     assert record["predictions"][0]["explanations"] is None
 
 
-def test_a_window_shorter_than_T_grows_and_each_step_explains_its_own_window(vocab):
-    model = tiny_model(vocab)
+@pytest.mark.parametrize("options", [{}, {"copy_path": True}])
+def test_a_window_shorter_than_T_grows_and_each_step_explains_its_own_window(vocab, options):
+    model = tiny_model(vocab, **options)
     known = vocab.encode_batch(WORDS, N)
     short = vocab.encode_batch(WORDS[:2], N)[None]  # (1, 2, N): two states, T = 4
     seen = []
@@ -255,6 +256,14 @@ def test_a_window_shorter_than_T_grows_and_each_step_explains_its_own_window(voc
         probs = slot_log_likelihood(log_probs, known, PAD_ID).softmax(-1)[0]
         torch.testing.assert_close(step.probability[0], probs[row_of(known, states[s])])
         torch.testing.assert_close(step.slice_mass.sum(1), torch.ones(1))
+        with torch.no_grad(), LastSliceProbe(model) as alone:  # this step's window in a pass of its own
+            model.last_slice_logits(window)
+        direct = slice_mass(alone.weights(), states[s : s + 1] != PAD_ID)
+        torch.testing.assert_close(step.slice_mass, direct, rtol=1e-5, atol=1e-6)
+        if options:
+            torch.testing.assert_close(
+                step.copy_gate, alone.attribution(states[s : s + 1], log_probs, PAD_ID)["copy_gate"]
+            )
 
 
 def test_demo_cells_mark_copied_words_and_escape_model_text():

@@ -45,11 +45,15 @@ class StepExplanation:
     copy_mass: torch.Tensor | None = None  # (B, N)
     copy_share: torch.Tensor | None = None  # (B, N)
 
-    def split(self, parts: int) -> list["StepExplanation"]:
-        """An explanation of `parts` steps stacked along the batch axis (steps * B rows, step-major) -> one per step."""
-        fields = {k: v for k, v in vars(self).items()}
-        chunks = {k: None if v is None else v.chunk(parts) for k, v in fields.items()}
-        return [StepExplanation(**{k: None if v is None else v[i] for k, v in chunks.items()}) for i in range(parts)]
+    def split(self, parts: int, lengths: list[int] | None = None) -> list["StepExplanation"]:
+        """An explanation of `parts` steps stacked along the batch axis (steps * B rows, step-major) -> one per step;
+        with `lengths`, each step's slice_mass keeps its last lengths[i] slices (its own window's)."""
+        chunks = {k: None if v is None else v.chunk(parts) for k, v in vars(self).items()}
+        steps = [StepExplanation(**{k: None if v is None else v[i] for k, v in chunks.items()}) for i in range(parts)]
+        if lengths is not None and self.slice_mass is not None:
+            for step, t in zip(steps, lengths):
+                step.slice_mass = step.slice_mass[:, step.slice_mass.shape[1] - t :]
+        return steps
 
     def row(self, b: int) -> dict:
         """Window b as plain Python: {"probability", "alternatives" [(ids list, p)], "slice_mass" list | None,
@@ -73,19 +77,19 @@ class StepExplanation:
 
 
 class LastSliceProbe:
-    """While entered (with `active`), records what a forward pass of `model` shows about its last slice: each
-    4-tensor attention layer's attention logits (before scaling) of the last slice's queries (B, H, N, N*T) with the pad_mask
-    (B, N, T), in layer order (`FourTensorAttention.last_slice_probe`), and the copy path's output (log g,
-    log(1 - g), pointer, key ids; `CopyPath.forward`) when the model has one. The weights are formed when asked for
-    (`weights`), once for many steps (`stacked`). Inactive, it does nothing, so a rollout can enter it on every
-    step."""
+    """While entered (with `active`), records what the forward passes of `model` show about their last slice, one
+    pass per rollout step: each 4-tensor attention layer's attention logits (before scaling) of the last slice's
+    queries (B, H, N, N*T) with the pad_mask (B, N, T), pass by pass and layer by layer within a pass
+    (`FourTensorAttention.last_slice_probe`), and the copy path's output of each pass (log g, log(1 - g), pointer,
+    key ids; `CopyPath.forward`) when the model has one. The weights are formed when asked for (`weights`), once
+    for every pass, whatever the lengths of their windows. Inactive, it does nothing."""
 
     def __init__(self, model, active: bool = True):
         self.model, self.active = model, active
-        self.records: list[tuple[torch.Tensor, ...]] = []  # layer by layer (and step by step within a layer)
-        self.layers: int | None = None  # how many layers the records span, when they hold several steps
+        self.records: list[tuple[torch.Tensor, torch.Tensor]] = []  # (qk, pad_mask): pass-major, then layer
+        self.layers = 0  # attention layers per pass
         self.scale = 1.0  # the attention's score scale, 1 / sqrt(d)
-        self.copy: tuple[torch.Tensor, ...] | None = None
+        self.copies: list[tuple[torch.Tensor, ...]] = []  # the copy path's output, one per pass
         self._hook = None
 
     def _attentions(self) -> list:
@@ -94,16 +98,18 @@ class LastSliceProbe:
 
     def __enter__(self) -> "LastSliceProbe":
         if self.active:
-            for attention in self._attentions():
+            attentions = self._attentions()
+            for attention in attentions:
                 attention.last_slice_probe = self.records  # every layer appends to the one list, in order
                 self.scale = attention.scale
+            self.layers = len(attentions)
             pointer = getattr(self.model, "pointer", None)
             if pointer is not None:
                 self._hook = pointer.register_forward_hook(self._keep_copy)
         return self
 
     def _keep_copy(self, module, inputs, output) -> None:
-        self.copy = output
+        self.copies.append(output)
 
     def __exit__(self, *exc) -> None:
         if self.active:
@@ -113,56 +119,66 @@ class LastSliceProbe:
                 self._hook.remove()
 
     @property
-    def window_length(self) -> int:
-        """N * T' of the window the probe watched (0 when it recorded no attention)."""
-        return self.records[0][0].shape[-1] if self.records else 0
-
-    @classmethod
-    def stacked(cls, probes: list["LastSliceProbe"]) -> "LastSliceProbe":
-        """The records of probes that watched windows of one length, stacked along the batch axis in their order."""
-        merged = cls(None, active=False)
-        merged.records = [record for layer in zip(*(p.records for p in probes)) for record in layer]  # layer-major
-        merged.layers, merged.scale = len(probes[0].records), probes[0].scale
-        if probes[0].copy is not None:
-            merged.copy = tuple(torch.cat(part) for part in zip(*(p.copy for p in probes)))
-        return merged
+    def lengths(self) -> list[int]:
+        """The window length T of each pass watched."""
+        return [pad.shape[-1] for _, pad in self.records[:: self.layers]] if self.layers else []
 
     def weights(self) -> torch.Tensor | None:
-        """The last slice's attention weights in every layer, (L, B, H, N, N*T), keys at flat positions x' * T + t';
-        None when no attention was recorded.
+        """The last slice's attention weights of every pass and layer, (S, L, B, H, N, N, T) with T the longest
+        window's: keys at (x', t'), each window right-aligned (a window of T_s slices holds t' >= T - T_s; the
+        slices before it weigh 0). None when no attention was recorded.
 
-        Equal to `FourTensorAttention.attention_weights`[:, :, :, T-1] in both variants: every slice t' <= T-1 is
-        visible to the last slice, so the temporal-causal bias reduces to the key padding mask there, and a window
-        whose keys are all padding gets the uniform distribution in both."""
+        For a pass, equal to `FourTensorAttention.attention_weights`[:, :, :, T-1] in both variants: every slice
+        t' <= T-1 is visible to the last slice, so the temporal-causal bias reduces to the key padding mask there,
+        and a window whose keys are all padding gets the uniform distribution over its own keys in both."""
         if not self.records:
             return None
-        scores = torch.cat([qk for qk, _ in self.records]).float() * self.scale  # (L B, H, N, NT), layers stacked
-        pad_mask = torch.cat([pad for _, pad in self.records])
-        B, N, T = pad_mask.shape
-        keys_pad = pad_mask.reshape(B, 1, 1, N * T)
-        weights = scores.masked_fill(keys_pad, torch.finfo(scores.dtype).min).softmax(dim=-1)
-        layers = self.layers or len(self.records)
-        return weights.view(layers, B // layers, *weights.shape[1:])
+        qk, pad = self.records[0]
+        B, H, N, _ = qk.shape
+        T = max(self.lengths)
+        if all(p.shape[-1] == T for _, p in self.records):  # one window length: no alignment needed
+            scores = torch.stack([s for s, _ in self.records]).view(-1, B, H, N, N, T)
+            keys_pad = torch.stack([p for _, p in self.records]).view(-1, B, 1, 1, N, T)
+        else:  # slices missing from a shorter window get -inf: weight 0, even where all live keys are padding
+            scores = qk.new_full((len(self.records), B, H, N, N, T), float("-inf"))
+            keys_pad = torch.zeros((len(self.records), B, 1, 1, N, T), dtype=torch.bool, device=qk.device)
+            for i, (s, p) in enumerate(self.records):
+                t = p.shape[-1]
+                scores[i, ..., T - t :] = s.view(B, H, N, N, t)
+                keys_pad[i, :, 0, 0, :, T - t :] = p
+        bias = torch.zeros(keys_pad.shape, device=keys_pad.device).masked_fill_(
+            keys_pad, torch.finfo(torch.float32).min
+        )
+        weights = (scores.float() * self.scale + bias).flatten(-2).softmax(dim=-1)  # score + finfo.min = finfo.min
+        return weights.view(-1, self.layers, B, H, N, N, T)
 
     def attribution(self, state: torch.Tensor, log_probs: torch.Tensor, padding_idx: int) -> dict:
-        """`StepExplanation`'s slice_mass and copy fields for the chosen states (B, N), given the per-slot
-        log-probabilities (B, N, V) they were read off."""
-        content = state != padding_idx  # (B, N)
+        """`StepExplanation`'s slice_mass and copy fields for the chosen states of every pass (S*B, N), pass-major,
+        given the per-slot log-probabilities (S*B, N, V) they were read off. slice_mass is (S*B, T) for the longest
+        window's T, right-aligned (`weights`); `StepExplanation.split` trims each pass's to its own window."""
+        content = state != padding_idx  # (S*B, N)
         weights = self.weights()
         fields = {"slice_mass": None if weights is None else slice_mass(weights, content)}
-        if self.copy is not None:
-            fields.update(copy_attribution(self.copy, state, log_probs, content))
+        if self.copies:
+            parts = zip(
+                state.chunk(len(self.copies)), log_probs.chunk(len(self.copies)), content.chunk(len(self.copies))
+            )
+            per_pass = [copy_attribution(copy, *part) for copy, part in zip(self.copies, parts)]
+            fields.update({k: torch.cat([p[k] for p in per_pass]) for k in per_pass[0]})
         return fields
 
 
 def slice_mass(weights: torch.Tensor, query_slots: torch.Tensor) -> torch.Tensor:
-    """Attention mass per window slice: the last slice's weights in L layers (L, B, H, N, N*T), keys at x' * T + t',
-    and the query slots to average over (B, N) bool -> (B, T), each row summing to 1 (see the module docstring)."""
-    L, B, H, N, NT = weights.shape
-    per_slice = weights.view(L, B, H, N, N, NT // N).sum(dim=(0, 2, 4))  # (B, N query slots, T), summed over L, H
-    w = query_slots.float()
-    w = w + (w.sum(dim=1, keepdim=True) == 0)  # no word: every slot
-    return (w[:, None, :] @ per_slice)[:, 0] / (w.sum(dim=1, keepdim=True) * L * H)
+    """Attention mass per window slice: the last slice's weights of S passes in L layers (S, L, B, H, N, N, T), keys
+    at (x', t'), and the query slots to average over (S*B, N) bool -> (S*B, T), each row summing to 1 (see the
+    module docstring)."""
+    S, L, B, H, N, _, T = weights.shape
+    w = query_slots.float().view(S, B, N)
+    w = w + (w.sum(dim=-1, keepdim=True) == 0)  # no word: every slot
+    w = w / (w.sum(dim=-1, keepdim=True) * L * H)  # the mean over layers, heads and the query slots
+    rows = weights.transpose(1, 2).reshape(S * B, L * H * N, N * T)  # a view when B = 1
+    w = w.view(S * B, 1, 1, N).expand(S * B, L, H, N).reshape(S * B, 1, L * H * N)
+    return (w @ rows).view(S * B, N, T).sum(dim=1)  # summed over the key slots x
 
 
 def copy_attribution(

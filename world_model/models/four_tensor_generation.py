@@ -6,8 +6,6 @@ Axis names as in `world_model.models.four_tensor`: B batch, T sentences, N token
 
 from __future__ import annotations
 
-from itertools import groupby
-
 import torch
 
 from world_model.models.decoding import check_candidates, choose_candidates, slot_log_likelihood
@@ -86,7 +84,8 @@ class FourTensorGeneration:
     ) -> StepExplanation:
         """Why `decode_state` chose the states (B, N) off these logits (B, N, V), and how sure it was: the
         `world_model.models.explanations` record, with the attention and copy path of `probe`, which watched the
-        forward pass that gave the logits."""
+        forward passes that gave the logits (S passes: the rows of each stacked along the batch axis, S*B in all,
+        pass-major)."""
         c = self.config
         log_probs = self.readout_logits(logits, generation).log_softmax(dim=-1)
         if candidates is None:
@@ -116,43 +115,21 @@ class FourTensorGeneration:
         sentence once the window holds T, and writes the new window again onto positions 0..T-1 (the temporal
         embedding is recomputed from those positions, section 2.3). Decoding follows `decode_state` (with
         `candidates`, every predicted sentence is one of them). Given a list, `explanations` receives each step's
-        `explain_state` (with `alternatives` runner-ups), read off the same forward pass.
+        `explain_state` (with `alternatives` runner-ups), read off the same forward passes, all steps at once.
         """
         self.check_token_ids(token_ids)
-        seen = []  # (logits (B, N, V), state (B, N), probe) of each step
+        seen = []  # (logits (B, N, V), state (B, N)) of each step
 
         def next_state(window: torch.Tensor) -> torch.Tensor:
-            with LastSliceProbe(self, active=explanations is not None) as probe:
-                logits = self.last_slice_logits(window)  # (B, N, V)
+            logits = self.last_slice_logits(window)  # (B, N, V)
             state = self.decode_state(logits, generation, generator, candidates)
-            seen.append((logits, state, probe))
+            seen.append((logits, state))
             return state
 
-        predicted = slide_rollout(token_ids, steps, self.config.n_states, next_state)
+        with LastSliceProbe(self, active=explanations is not None) as probe:
+            predicted = slide_rollout(token_ids, steps, self.config.n_states, next_state)
         if explanations is not None:
-            explanations += self.explain_steps(seen, generation, candidates, alternatives)
+            logits, states = (torch.cat(parts) for parts in zip(*seen))  # steps stacked along the batch axis
+            explained = self.explain_state(logits, states, probe, generation, candidates, alternatives)
+            explanations += explained.split(steps, probe.lengths)
         return predicted
-
-    def explain_steps(
-        self,
-        seen: list[tuple[torch.Tensor, torch.Tensor, LastSliceProbe]],
-        generation: GenerationConfig = GREEDY,
-        candidates: torch.Tensor | None = None,
-        alternatives: int = ALTERNATIVES,
-    ) -> list[StepExplanation]:
-        """`explain_state` of each rollout step (its logits (B, N, V), states (B, N) and probe), computed once for
-        each run of steps whose windows have one length (stacked along the batch axis), so that explaining costs
-        a few operations per rollout rather than per step."""
-        explained = []
-        for _, group in groupby(seen, key=lambda step: step[2].window_length):
-            logits, states, probes = zip(*group)
-            stacked = self.explain_state(
-                torch.cat(logits),
-                torch.cat(states),
-                LastSliceProbe.stacked(probes),
-                generation,
-                candidates,
-                alternatives,
-            )
-            explained += stacked.split(len(probes))
-        return explained

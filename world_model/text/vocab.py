@@ -174,13 +174,11 @@ class Vocabulary:
             if ids.dim() != 1 or ids.dtype not in _INT_DTYPES:
                 raise ValueError(f"decode expects a 1-D integer tensor, got {ids.dtype} of shape {tuple(ids.shape)}")
             ids = ids.tolist()
-        tokens = []
-        for i in ids:
-            if not 0 <= i < len(self):
-                raise ValueError(f"token id {i} is outside [0, {len(self)})")
-            if i != PAD_ID:
-                tokens.append(self.itos[i])
-        return detokenize(tokens)
+        size = len(self.itos)
+        bad = [i for i in ids if not 0 <= i < size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside [0, {size})")
+        return detokenize([self.itos[i] for i in ids if i != PAD_ID])
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the vocabulary atomically and return the file written.
