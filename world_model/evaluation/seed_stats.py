@@ -65,16 +65,20 @@ def mean_sd(values: Sequence[float]) -> dict:
     return {"n": n, "mean": mean, "sd": sd}
 
 
+def mean_interval(values: Sequence[float]) -> dict:
+    """`mean_sd` of the values with "ci95", the Student-t 95% interval of the mean (None below two values)."""
+    stats = mean_sd(values)
+    if stats["n"] < 2:
+        return {**stats, "ci95": None}
+    half = t_975(stats["n"] - 1) * stats["sd"] / math.sqrt(stats["n"])
+    return {**stats, "ci95": [stats["mean"] - half, stats["mean"] + half]}
+
+
 def paired_difference(first: dict[int, float], second: dict[int, float]) -> dict:
     """first - second over the seeds both have: {"seeds", "differences", "n", "mean", "sd", "ci95"} (ci95 None below two)."""
     seeds = sorted(s for s in first if s in second and first[s] is not None and second[s] is not None)
     differences = [first[s] - second[s] for s in seeds]
-    stats = mean_sd(differences)
-    ci = None
-    if stats["n"] > 1:
-        half = t_975(stats["n"] - 1) * stats["sd"] / math.sqrt(stats["n"])
-        ci = [stats["mean"] - half, stats["mean"] + half]
-    return {"seeds": seeds, "differences": differences, **stats, "ci95": ci}
+    return {"seeds": seeds, "differences": differences, **mean_interval(differences)}
 
 
 def row_key(run: dict) -> tuple[str, str, str | None]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +30,7 @@ import torch.nn.functional as F
 from world_model.data.rocstories import DataError, encode_cloze, encode_windows, load_cloze_halves, load_corpus
 from world_model.evaluation import coherence as coh
 from world_model.evaluation.floors.counts import CONTEXT, split_heldout
-from world_model.evaluation.seed_stats import mean_sd, t_975
+from world_model.evaluation.seed_stats import mean_interval
 from world_model.models.coherence_head import CoherenceHead, CoherenceHeadConfig, pooled_state, save_coherence_head
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import PAD_ID
@@ -149,12 +148,7 @@ def seed_summary(reports: list[dict]) -> dict:
         "test": [r["test"] for r in reports],
         **{k: [r["retrieval"][k] for r in reports] for k in ("recall_at_1", "recall_at_10", "mrr")},
     }
-    summary = {}
-    for name, values in figures.items():
-        stats = mean_sd(values)
-        half = t_975(stats["n"] - 1) * stats["sd"] / math.sqrt(stats["n"]) if stats["n"] > 1 else None
-        summary[name] = {**stats, "ci95": None if half is None else [stats["mean"] - half, stats["mean"] + half]}
-    return summary
+    return {name: mean_interval(values) for name, values in figures.items()}
 
 
 def train_coherence_heads(
