@@ -38,7 +38,13 @@ import torch
 
 from world_model.generation.bank_file import BANK_NAME, SentenceBank, load_bank, write_rocstories_bank
 from world_model.models.checkpoint import CheckpointError, resolve_folder
-from world_model.models.coherence_head import HEAD_CONFIG, CoherenceHead, load_coherence_head, pooled_state
+from world_model.models.coherence_head import (
+    HEAD_CONFIG,
+    CoherenceHead,
+    load_coherence_head,
+    pooled_state,
+    readout_log_probs,
+)
 from world_model.models.decoding import KNOWN_SENTENCES_NAME, choose_candidates, load_confidence_temperature
 from world_model.models.explanations import ALTERNATIVES, LastSliceProbe, StepExplanation, closed_set_choice
 from world_model.models.four_tensor import FourTensorModel
@@ -144,10 +150,16 @@ class CoherentRanking:
             bank.coherence_vectors = {key: head.sentence_encoder(bank.candidates)}  # the latest head's only
         return cls(head, bank.coherence_vectors[key])
 
-    def read(self, model, window: torch.Tensor) -> None:
-        """Set the context vectors and the blank log-probabilities for the windows (B, T, N) of this step."""
-        self.context = self.head.context_vectors(pooled_state(model.encode(window), window), window).cpu()
-        length = window.shape[1]  # a blank window depends on nothing else: computed once per length
+    def read(self, model, window: torch.Tensor) -> torch.Tensor:
+        """Set the context vectors for the windows (B, T, N) of this step and return the predictor's per-slot
+        log-probabilities (B, N, V) after them, both from one encoding of the windows (`read_blank` first)."""
+        X = model.encode(window)  # (B, N, T, d)
+        self.context = self.head.context_vectors(pooled_state(X, window), window).cpu()
+        return readout_log_probs(model.slice_logits(X, window, X.shape[2] - 1))
+
+    def read_blank(self, model, window: torch.Tensor) -> None:
+        """Set the blank log-probabilities for windows of this length (computed once per length)."""
+        length = window.shape[1]
         if length not in self.blanks:
             self.blanks[length] = self.head.slot_log_probs(model, torch.zeros_like(window[:1]))[0].cpu()
         self.blank = self.blanks[length]
@@ -197,10 +209,11 @@ def bank_rollout(
     ranking = None if coherence is None else CoherentRanking.for_bank(coherence.cpu(), bank)
 
     def next_state(window: torch.Tensor) -> torch.Tensor:  # (B, T, N) on the CPU -> (B, N)
-        with LastSliceProbe(model, active=explanations is not None) as probe:
-            log_probs = slot_log_probs(model, window.to(device))
+        window_device = window.to(device)
         if ranking is not None:
-            ranking.read(model, window.to(device))
+            ranking.read_blank(model, window_device)  # outside the probe: it watches the step's own pass only
+        with LastSliceProbe(model, active=explanations is not None) as probe:
+            log_probs = slot_log_probs(model, window_device) if ranking is None else ranking.read(model, window_device)
         states, choices = [], []
         for b in range(len(window)):
             edits = bank.name_edits(bank.context_names(window[b]) if names else [])
