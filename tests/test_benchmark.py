@@ -675,7 +675,9 @@ def test_a_preset_without_variants_has_no_attention_report(finished):
             ConfigError,
             "r_m = 9",
         ),
-        ({"pair": "h2_l1"}, BenchmarkError, "must be {type, pair, model, training, versus}"),
+        ({"pair": "h2_l1"}, BenchmarkError, "must be {type, pair, model, training, versus, seeds}"),
+        ({"type": "baseline", "pair": "h2_l1", "seeds": [0, 0]}, BenchmarkError, "'seeds' must be a list of distinct"),
+        ({"type": "baseline", "pair": "h2_l1", "seeds": [0, 1]}, BenchmarkError, "needs the preset's 'seeds:' section"),
         ({"type": "baseline", "pair": "h2_l1", "versus": "four_tensor"}, BenchmarkError, "must be a list of row names"),
         (
             {"type": "baseline", "pair": "h2_l1", "versus": ["no_such_row"]},
