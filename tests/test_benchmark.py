@@ -14,6 +14,7 @@ import yaml
 
 from tests.test_train import TRAIN_NAME, make_data
 from world_model.benchmark import attention as attn
+from world_model.benchmark import attention_report
 from world_model.benchmark import paper as paper_check
 from world_model.benchmark import table5 as bench
 from world_model.benchmark.preset import (
@@ -582,12 +583,14 @@ def test_attention_rows_count_the_saved_models_and_compare_with_the_reference(at
 
 def test_variant_notes_name_the_seed_of_the_run_they_are_about():
     row = {"pair": "h4_l2", "model_type": "baseline", "variant": "scaled", "stop_reason": "max_epochs"}
-    found = attn.notes({"variants": [{**row, "seed": 1, "mismatches": ["max_epochs: 10 -> 7"]}, {**row, "seed": 2}]})
+    found = attention_report.notes(
+        {"variants": [{**row, "seed": 1, "mismatches": ["max_epochs: 10 -> 7"]}, {**row, "seed": 2}]}
+    )
     assert found == [
         "h4_l2 baseline scaled (seed 1): NOT matched with its reference: max_epochs: 10 -> 7",
         "h4_l2 baseline scaled (seed 2): its reference run has not finished; no ratio or Δ%.",
     ]
-    assert attn.notes({"variants": [{**row, "mismatches": []}]}) == []  # matched: nothing to say
+    assert attention_report.notes({"variants": [{**row, "mismatches": []}]}) == []  # matched: nothing to say
 
 
 def test_the_per_epoch_plot_names_each_row_once_with_its_seeds():
@@ -653,7 +656,7 @@ def test_a_preset_without_variants_has_no_attention_report(finished):
     out, results = finished
     assert "attention" not in results and "variants" not in results
     assert (
-        not (out / attn.PARETO_FIGURE).exists()
+        not (out / attention_report.PARETO_FIGURE).exists()
         and "against attention parameters" not in (out / "results.md").read_text()
     )
     assert all(r["attention_parameters"] > 0 for r in results["runs"])

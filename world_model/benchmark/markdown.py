@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from world_model.benchmark import attention as attn
+from world_model.benchmark import attention_report
 from world_model.benchmark.paper import PAPER_REPORTED, PAPER_VOCAB_SIZE
 from world_model.benchmark.preset import MODEL_LABELS, row_label, seed_suffix
 from world_model.benchmark.runs import FIGURE
@@ -58,7 +58,7 @@ def write_markdown(results: dict, path: Path) -> None:
     lines += seed_lines(results) + floor_markdown_lines(results) + story_cloze_markdown_lines(results)
     lines += ["", f"![L_S(4) per epoch]({FIGURE})"]
     if results.get("attention"):
-        lines += attn.markdown_lines(results)
+        lines += attention_report.markdown_lines(results)
     lines += paper_lines(results)
     c = results["corpus_statistics"]
     lines += (

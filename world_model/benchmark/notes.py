@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from world_model.benchmark import attention as attn
+from world_model.benchmark import attention_report
 from world_model.benchmark.markdown import fmt
 from world_model.benchmark.paper import PAPER_VOCAB_SIZE
 from world_model.benchmark.preset import row_label, seed_suffix
@@ -28,7 +28,7 @@ def notes_for(results: dict) -> list[str]:
             "load."
         )
     notes += closest_match_notes(results["pairs"])
-    notes += attn.notes(results)
+    notes += attention_report.notes(results)
     notes += reuse_notes(results)
     notes.append(machine_note(results))
     return notes
