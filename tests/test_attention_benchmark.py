@@ -3,6 +3,7 @@ rows paired over seeds with the floors and flags in the attention report, and th
 ROCStories fixture of tests/test_train.py with toy presets (per-row seeds and reuse: tests/test_benchmark_reuse.py)."""
 
 import json
+import math
 import shutil
 
 import pytest
@@ -14,12 +15,58 @@ from world_model.benchmark import attention as attn
 from world_model.benchmark import attention_decode
 from world_model.benchmark import attention_verdict as verdict
 from world_model.benchmark import table5 as bench
+from world_model.benchmark.preset import MODELS, choose_seeds, load_preset, run_config
 from world_model.models.registry import build_model
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     return make_data(tmp_path_factory.mktemp("rocstories"))
+
+
+# ----- the preset -----
+def test_the_attention_preset_is_the_cpu_presets_h4_l2_with_the_rows_the_issue_asks_for():
+    cpu, spec = load_preset("cpu"), load_preset("attention")
+    assert spec["pairs"] == {"h4_l2": cpu["pairs"]["h4_l2"]}
+    assert (spec["model"], spec["training"], spec["budget"]) == (cpu["model"], cpu["training"], cpu["budget"])
+    seeds = choose_seeds(spec, None)
+    for model_type in MODELS:  # the references are the cpu benchmark's runs, seed for seed
+        assert seeds[model_type] == cpu["seeds"] == [0, 1, 2]
+        for seed in seeds[model_type]:
+            assert run_config(spec, "h4_l2", model_type, seed=seed) == run_config(cpu, "h4_l2", model_type, seed=seed)
+    assert spec["reuse_runs"] == "results/benchmark/cpu/runs"
+
+    def section(name):
+        return run_config(spec, "h4_l2", spec["variants"][name]["type"], variant=name)["model"]
+
+    mha = attn.config_attention_parameters(run_config(spec, "h4_l2", "baseline")["model"], 100)
+    dense = attn.config_attention_parameters(run_config(spec, "h4_l2", "four_tensor")["model"], 100)
+    ratios: dict[tuple, dict[str, float]] = {}
+    for name, v in spec["variants"].items():
+        kind = attn.attention_kind(section(name))
+        reference = mha if v["type"] == "baseline" else dense
+        ratios.setdefault((v["type"], kind), {})[name] = reference / attn.config_attention_parameters(
+            section(name), 100
+        )
+        assert seeds[name] == (v["seeds"] or [0]) and 0 in seeds[name]
+    assert sorted(ratios) == [
+        ("baseline", "gqa"),
+        ("baseline", "mla"),
+        ("baseline", "tucker"),
+        ("four_tensor", "tucker"),
+    ]
+    assert sorted(section(n)["n_kv_heads"] for n in ratios[("baseline", "gqa")]) == [1, 2]
+    assert len({section(n)["mla_kv_rank"] for n in ratios[("baseline", "mla")]}) == 2
+    tucker = ratios[("baseline", "tucker")]
+    [equivalent] = [n for n in tucker if attn.mha_equivalent(section(n))]
+    compressing = {n: r for n, r in tucker.items() if n != equivalent}
+    assert len(compressing) >= 3 and min(compressing.values()) <= 2.1 and max(compressing.values()) >= 18
+    nearest_ten = min(compressing, key=lambda n: abs(math.log(compressing[n] / 10)))
+    assert [n for n, v in spec["variants"].items() if v["seeds"]] == [nearest_ten]
+    assert seeds[nearest_ten] == [0, 1, 2]
+    four = sorted(ratios[("four_tensor", "tucker")].values())
+    assert len(four) == 3 and four[0] == pytest.approx(2, abs=0.3) and four[1] == pytest.approx(5, abs=1)
+    assert four[2] == pytest.approx(10, abs=0.5)
 
 
 # ----- the KV cache per token -----

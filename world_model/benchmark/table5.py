@@ -3,7 +3,7 @@
     python -m world_model.benchmark --preset cpu --data DATA_DIR --out OUT_DIR \
         [--max-epochs E] [--max-minutes M] [--train-subset K] [--pairs h2_l2,h4_l2,h4_l3] [--seeds 0,1,2]
         [--rows four_tensor,baseline,VARIANT] [--resume] [--report-only] [--no-progress]
-    python -m world_model.benchmark --preset attention --data DATA_DIR --out OUT_DIR
+    python -m world_model.benchmark --preset attention --data DATA_DIR --out OUT_DIR --resume [--rows ...]
     accelerate launch -m world_model.benchmark --preset paper --data DATA_DIR --out OUT_DIR     # GPUs
 
 A preset (`--preset cpu`, `--preset paper`, i.e. configs/benchmark/<name>.yaml, or the path of such a YAML
