@@ -106,7 +106,7 @@ def counting_train(monkeypatch) -> list[str]:
     return trained
 
 
-def test_identical_finished_runs_are_taken_over_and_the_rest_trained(earlier, data_dir, tmp_path, monkeypatch):
+def test_identical_finished_runs_are_taken_over_and_the_rest_trained(earlier, data_dir, tmp_path, monkeypatch, capsys):
     trained = counting_train(monkeypatch)
     preset = write_preset(tmp_path / "reusing.yaml", seeded_preset(reuse_runs=str(earlier / "runs")))
     out = tmp_path / "out"
@@ -131,7 +131,11 @@ def test_identical_finished_runs_are_taken_over_and_the_rest_trained(earlier, da
     # a later --resume finds them finished in OUT, and still knows where they came from
     trained.clear()
     args = ["--preset", str(preset), "--data", str(data_dir), "--out", str(out), "--resume", "--no-progress"]
+    capsys.readouterr()
     assert bench.main(args) == 0 and trained == []
+    assert f"h1_l1_baseline_s1: taken over from {(earlier / 'runs' / 'h1_l1_baseline_s1').resolve()}; skipped" in (
+        capsys.readouterr().out
+    )
     again = json.loads((out / "results.json").read_text())
     assert {r["run_dir"]: r["reused_from"] for r in again["runs"]} == reused and again["reuse"]["reused"] == []
 

@@ -86,6 +86,7 @@ from world_model.benchmark.report import collect_results, load_average, print_su
 from world_model.benchmark.reuse import reuse_folder, reuse_runs
 from world_model.benchmark.runs import (
     RESULTS_JSON,
+    REUSED_FILE,
     RUNS_DIR,
     Run,
     check_run_folders,
@@ -253,6 +254,8 @@ def settings_record(
 
 def skip_reason(run: Run) -> str:
     """Why the loop passes over a run: finished before, or --report-only."""
+    if run.done and (run.folder / REUSED_FILE).is_file():
+        return f"taken over from {json.loads((run.folder / REUSED_FILE).read_text())['source']}; skipped"
     if run.done:
         return f"finished before ({run.folder / SUMMARY_FILE}); skipped"
     return "not finished; left out of the report (--report-only trains nothing)"
