@@ -116,7 +116,10 @@ def row(variant, model_type, kind, ratio, delta, ci=None, seeds=(0,), ce=5.0, **
     }
 
 
-FLOORS = {"rows": [{"floor": "unigram", "val_last_ce": 6.0}, {"floor": "position_unigram", "val_last_ce": 5.5}]}
+FLOORS = {
+    "rows": [{"floor": "unigram", "val_last_ce": 6.0}, {"floor": "position_unigram", "val_last_ce": 5.5}],
+    "end_cost": 0.25,
+}
 
 
 def hand_rows(tucker_ci):
@@ -157,6 +160,7 @@ def test_the_verdict_takes_the_largest_ratio_within_one_percent_and_checks_the_o
     assert "The Tucker paper's claim at p** (Tucker within 1% at >= 10x the ratio of GQA and MLA): NOT met" in text
     assert "t19 19.30x: NOT within (paired 95% interval over seeds 0, 1, 2)" in text
     assert "Finding, not below the position-unigram floor: p baseline t19." in text
+    assert "Position-unigram count floor: L_S(4) 5.5000" in text and "5.7500 with the end cost" in text
     assert "Finding, not converged: p baseline t19 (seed 1)." in text
 
     met = verdict.attention_verdict(hand_rows(tucker_ci=[0.2, 0.95]), FLOORS)  # now t19 is within

@@ -11,7 +11,7 @@ from tests.test_benchmark import TINY_PRESET, write_preset
 from tests.test_train import make_data
 from world_model.benchmark import table5 as bench
 from world_model.benchmark.preset import MODELS, BenchmarkError, choose_seeds, load_preset
-from world_model.benchmark.reuse import LIGHT_FILES
+from world_model.benchmark.reuse import LIGHT_FILES, reuse_notes
 from world_model.benchmark.runs import REUSED_FILE, plan_runs
 from world_model.training import train as train_mod
 
@@ -154,6 +154,8 @@ def test_a_run_whose_settings_differ_is_not_taken_over(earlier, data_dir, tmp_pa
     assert results["reuse"]["reused"] == []
     assert sorted(results["reuse"]["refused"]) == sorted(f"h1_l1_{m}_s{s}" for s in (0, 1) for m in MODELS)
     assert results["reuse"]["refused"]["h1_l1_baseline_s1"] == ["config.training.max_epochs: 1 -> 2"]
+    note = f"h1_l1_baseline_s1: NOT taken over from {results['reuse']['source']}, its run differs: "
+    assert note + "config.training.max_epochs: 1 -> 2." in reuse_notes({"runs": [], "reuse": results["reuse"]})
     assert trained[:2] == ["h1_l1_four_tensor_s0", "h1_l1_baseline_s0"]  # trained again, not copied
     assert not (tmp_path / "out" / "runs" / "h1_l1_baseline_s0" / "summary.json").exists()
     # another training subset (so other windows) is refused as well

@@ -12,7 +12,8 @@ GQA's and MLA's; a family with no row within 1% counts at 1x (comparable quality
 MHA is GQA with n_KV = n_H), and is said so.
 
 Findings flagged on the rows: not below the position-unigram count floor (world_model/evaluation/floors/; the
-mean L_S(4) of the row is not lower than that floor's), and not converged (a seed whose run stopped on the epoch
+mean L_S(4) of the row is not lower than that floor's, for the baseline too, whose fairer floor adds the end cost
+and is only named), and not converged (a seed whose run stopped on the epoch
 cap at its best epoch, still improving).
 """
 
@@ -118,6 +119,7 @@ def attention_verdict(rows: list[dict], floors: dict | None) -> dict:
     return {
         "within_percent": WITHIN_PERCENT,
         "position_floor": position,
+        "end_cost": (floors or {}).get("end_cost"),
         "families": families,
         "claims": [c for c in (claim_check(families, pair) for pair in pairs) if c is not None],
         "checks": checks,
@@ -174,7 +176,16 @@ def verdict_lines(verdict: dict) -> list[str]:
             f"- Check: {c['pair']} baseline {c['variant']} can represent MHA exactly; it {state[c['within']]}{delta}."
         )
     if verdict["position_floor"] is not None:
-        lines.append(f"- Position-unigram count floor: L_S(4) {verdict['position_floor']:.4f}.")
+        lines.append(
+            f"- Position-unigram count floor: L_S(4) {verdict['position_floor']:.4f}, the line the flag below uses for "
+            "both models"
+            + (
+                f" (a free-running baseline also pays for where S(4) ends: {verdict['position_floor'] + verdict['end_cost']:.4f} "
+                "with the end cost, see the count floors above)."
+                if verdict.get("end_cost") is not None
+                else "."
+            )
+        )
     by_flag: dict[str, list[str]] = {}
     for name, flags in verdict["findings"].items():
         for flag in flags:
