@@ -152,6 +152,22 @@ def target_notes(targets: list[dict]) -> list[str]:
     return out
 
 
+def summary_lines(results: dict) -> list[str]:
+    """The attention rows, the verdict on the Tucker paper's claim and the issue's target, for the command's output."""
+    lines = [
+        f"{a['pair']:>6} {MODEL_LABELS[a['model_type']]:>8} {a['variant']}: {a['attention']}, "
+        f"{a['attention_parameters']:,} attention parameters ({_fmt(a['attention_ratio'], '.2f')}x fewer than the "
+        f"reference), seeds {', '.join(map(str, a['seeds']))}: L_S(4) {_fmt(a['val_last_ce'], '.4f')} "
+        f"(Δ {_fmt(a['delta_percent'], '+.2f')}%)" + (", Pareto" if a.get("pareto") else "")
+        for a in results.get("attention", [])
+    ]
+    lines += [
+        f"Tucker paper's claim at {c['pair']}: {'MET' if c['met'] else 'NOT met'} (results.md)"
+        for c in (results.get("attention_verdict") or {}).get("claims", [])
+    ]
+    return lines + target_notes(results.get("attention_target", []))
+
+
 def plot_pareto(results: dict, path: Path) -> None:
     """Mean L_S(4) against attention parameters (log x), one panel per pair: marker by model type, colour by
     attention kind, every point labelled (a bar of ± one sd over several seeds), the Pareto front as a step line,

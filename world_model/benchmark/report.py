@@ -304,17 +304,8 @@ def print_summary(results: dict, out: Path) -> None:
                 f"  {p['pair']} {p['comparison']}, seeds {', '.join(map(str, p['seeds']))}: mean {fmt(p['mean'], '+.4f')}, "
                 + (f"95% interval {interval}" if interval else "no interval (one seed)")
             )
-    for a in results.get("attention", []):
-        print(
-            f"  {a['pair']:>6} {MODEL_LABELS[a['model_type']]:>8} {a['variant']}: {a['attention']}, "
-            f"{a['attention_parameters']:,} attention parameters ({fmt(a['attention_ratio'], '.2f')}x fewer than "
-            f"the reference), seeds {', '.join(map(str, a['seeds']))}: L_S(4) {fmt(a['val_last_ce'], '.4f')} "
-            f"(Δ {fmt(a['delta_percent'], '+.2f')}%)" + (", Pareto" if a.get("pareto") else "")
-        )
-    for claim in (results.get("attention_verdict") or {}).get("claims", []):
-        print(f"  Tucker paper's claim at {claim['pair']}: {'MET' if claim['met'] else 'NOT met'} (results.md)")
-    for note in attention_report.target_notes(results.get("attention_target", [])):
-        print(f"  {note}")
+    for line in attention_report.summary_lines(results):
+        print(f"  {line}")
     for f in (results.get("floors") or {}).get("rows", []):
         print(f"  floor {f['floor']}: L_S(4) {f['val_last_ce']:.4f}, acc {f['val_token_accuracy']:.4f}")
     for c in results["paper_parameter_check"]:
