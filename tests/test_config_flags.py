@@ -62,6 +62,7 @@ COMMANDS = [  # (module, the arguments it requires)
     ("world_model.training.train", ["--config", "c.yaml", "--data", "d", "--out", "o"]),
     ("world_model.benchmark.table5", ["--preset", "cpu", "--data", "d", "--out", "o"]),
     ("world_model.benchmark.sweep", ["--preset", "cpu", "--data", "d", "--out", "o"]),
+    ("world_model.benchmark.attention_decode", ["--out", "o"]),
     ("world_model.training.export", ["--run", "r", "--out", "o", "--command", "c"]),
     ("world_model.data.rocstories", ["d"]),
     ("world_model.data.synthetic.generator", ["generate", "--episodes", "1", "--out", "o"]),

@@ -17,37 +17,32 @@ nothing else (no embeddings, norms or MLPs), as the Tucker paper's Table 1 count
                           MLA d d_c^Q + d_c^Q d + 2 d d_c + 2 d_c d + d^2, Tucker sum over W and W~ of
                           n_H r_1 + d r_2 + d r_3 + r_1 r_2 r_3
 
+KV cache per token (Table 1's "KV Cache" column over N): what a baseline's decoder keeps for every token it has
+read, summed over layers, at fp32 (FP32_BYTES a number): MHA 2 n_H d_H, GQA 2 n_KV d_H, MLA 2 d_c (separated
+latents; d_c with shared KV; this MLA has no decoupled RoPE part), Tucker r_3 + r~_2 (k~ and v~, 2r at ranks
+(r_1, r, r)) numbers per layer (FamilyAttention.kv_cache_size). The 4-tensor model reads a window of states at
+once and keeps no per-token cache: None.
+
 OUT receives, next to the Table 5 reports (world_model/benchmark/report.py, markdown.py): results.json["attention"]
-(one row per run: attention parameters, ratio to the reference, L_S(4), Δ% against the reference, Pareto flag),
-results.json["attention_target"], a section of results.md, and ls4_vs_attention_params.png.
+(one row per attention row of a pair, over its seeds: attention parameters, ratio to the reference, KV cache per
+token, L_S(4), Δ% against the reference paired by seed, Story Cloze, Pareto flag), results.json["attention_target"],
+["attention_verdict"] (attention_verdict.py), a section of results.md and ls4_vs_attention_params.png
+(attention_report.py); the decode timing of world_model/benchmark/attention_decode.py when it has been measured.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-from typing import Any
-
 import torch
 from torch import nn
 
-from world_model.benchmark.preset import MODEL_LABELS, row_label, seed_suffix
+from world_model.evaluation.seed_stats import mean_interval, mean_sd, paired_difference
 from world_model.models.baseline import BaselineModel
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.registry import build_model
 
-PARETO_FIGURE = "ls4_vs_attention_params.png"
 REFERENCE = "reference"  # the variant name of a pair's own run in the rows below
 TARGET_RATIO, TARGET_DELTA_PERCENT = 5.0, 1.0  # a Tucker 4-tensor predictor >= 5x smaller attention, within 1%
-FAMILY_MARKERS = {"four_tensor": "o", "baseline": "s"}
-KIND_COLORS = {"dense": "tab:gray", "mha": "tab:gray", "gqa": "tab:green", "mla": "tab:purple", "tucker": "tab:red"}
-KIND_LABELS = {
-    "dense": "dense / MHA (reference)",
-    "mha": "dense / MHA (reference)",
-    "gqa": "GQA",
-    "mla": "MLA",
-    "tucker": "Tucker",
-}
+FP32_BYTES = 4  # bytes of one cached number
 
 
 # ----- counting -----
@@ -70,6 +65,29 @@ def config_attention_parameters(model_section: dict, vocab_size: int) -> int:
     with torch.device("meta"):
         model = build_model(model_section, vocab_size)
     return attention_parameter_count(model)
+
+
+def kv_cache_bytes_per_token(model_section: dict, vocab_size: int) -> int | None:
+    """Bytes a baseline's KV cache holds per token read, all layers, at fp32 (see the module docstring); None for
+    the 4-tensor model. Built on the meta device."""
+    if model_section["type"] != "baseline":
+        return None
+    with torch.device("meta"):
+        model = build_model(model_section, vocab_size)
+    return FP32_BYTES * model.kv_cache_size(1)
+
+
+def mha_equivalent(model_section: dict) -> bool:
+    """True for a baseline Tucker whose ranks of W and W~ reach (n_H, d, d): it can represent MHA exactly
+    (attention_conversions.tucker_from_grouped), so it checks the Tucker form rather than compressing."""
+    m = model_section
+    if m["type"] != "baseline" or attention_kind(m) != "tucker":
+        return False
+    full = (m["n_heads"], m["d_x"] * m["d_t"], m["d_x"] * m["d_t"])
+    return all(
+        all(r >= f for r, f in zip(ranks, full))
+        for ranks in (m["tucker_ranks"], m.get("tucker_ranks_out") or m["tucker_ranks"])
+    )
 
 
 def attention_kind(model_section: dict) -> str:
@@ -132,44 +150,22 @@ def pareto_front(points: list[tuple[float, float]]) -> list[bool]:
 
 
 def attention_rows(runs: list[dict], variants: list[dict]) -> list[dict]:
-    """One row per finished run of a pair that has variants: its reference runs first, then its variants.
+    """One row per attention row of a pair that has variants, over its seeds: the pair's reference rows first, then
+    its variants.
 
     `runs` and `variants` are benchmark run records (world_model.benchmark.runs.run_record) carrying
-    "attention_parameters"; a variant record also carries "variant" and "mismatches" (against its reference).
-    Δ% = 100 (L_S(4) - reference L_S(4)) / reference L_S(4) (positive: the variant is worse); the ratio is
-    reference attention parameters / the run's. The Pareto flag is over all rows of the pair.
+    "attention_parameters" and "seed"; a variant record also carries "variant" and "mismatches" (against its
+    reference). See row_record for the fields; the Pareto flag is over the rows of the pair, at their mean L_S(4).
     """
-    references = {(r["pair"], r["model_type"]): r for r in runs}
     rows = []
     for pair in dict.fromkeys(v["pair"] for v in variants):
-        chosen = [r for r in runs if r["pair"] == pair] + [v for v in variants if v["pair"] == pair]
-        pair_rows = []
-        for r in chosen:
-            ref = references.get((pair, r["model_type"]))
-            ref_params = ref["attention_parameters"] if ref else None
-            ref_ce = ref["val_last_ce"] if ref else None
-            ce = r["val_last_ce"]
-            pair_rows.append(
-                {
-                    "pair": pair,
-                    "variant": r.get("variant") or REFERENCE,
-                    "model_type": r["model_type"],
-                    "run_dir": r["run_dir"],
-                    "kind": attention_kind(r["config"]["model"]),
-                    "attention": attention_form(r["config"]["model"]),
-                    "attention_parameters": r["attention_parameters"],
-                    "parameters": r["parameters"],
-                    "reference_attention_parameters": ref_params,
-                    "attention_ratio": ref_params / r["attention_parameters"] if ref_params else None,
-                    "val_last_ce": ce,
-                    "reference_val_last_ce": ref_ce,
-                    "delta_percent": 100 * (ce - ref_ce) / ref_ce if ce is not None and ref_ce else None,
-                    "best_epoch": r["best_epoch"],
-                    "last_epoch": r["last_epoch"],
-                    "stopped_by": r["stopped_by"],
-                    "mismatches": r.get("mismatches", []),
-                }
-            )
+        groups: dict[tuple, list[dict]] = {}  # (model type, variant) -> its runs, in seed order
+        for r in [r for r in runs if r["pair"] == pair] + [v for v in variants if v["pair"] == pair]:
+            groups.setdefault((r["model_type"], r.get("variant") or REFERENCE), []).append(r)
+        pair_rows = [
+            row_record(variant, members, groups.get((model_type, REFERENCE)))
+            for (model_type, variant), members in groups.items()
+        ]
         scored = [row for row in pair_rows if row["val_last_ce"] is not None]
         for row, on_front in zip(
             scored, pareto_front([(row["attention_parameters"], row["val_last_ce"]) for row in scored])
@@ -177,6 +173,61 @@ def attention_rows(runs: list[dict], variants: list[dict]) -> list[dict]:
             row["pareto"] = on_front
         rows += pair_rows
     return rows
+
+
+def row_record(variant: str, members: list[dict], reference: list[dict] | None) -> dict:
+    """One attention row from its runs (one per seed) and its reference's runs (None while none has finished).
+
+    L_S(4) is the mean over the row's seeds. Δ% = 100 (L_S(4) - reference L_S(4)) / reference L_S(4) per seed,
+    paired by seed (positive: the variant is worse), then its mean and, over two or more seeds, the 95% Student-t
+    interval; the ratio is reference attention parameters / the row's. Not converged: the seeds whose run stopped
+    on the epoch cap at its best epoch (still improving)."""
+    first, mc = members[0], members[0]["config"]["model"]
+    ce = {m["seed"]: m["val_last_ce"] for m in members}
+    ref_ce = {m["seed"]: m["val_last_ce"] for m in reference or []}
+    paired = paired_difference(ce, ref_ce) if reference else {"seeds": [], "differences": []}
+    delta = mean_interval([100 * d / ref_ce[s] for s, d in zip(paired["seeds"], paired["differences"])])
+    ref_params = reference[0]["attention_parameters"] if reference else None
+    return {
+        "pair": first["pair"],
+        "variant": variant,
+        "model_type": first["model_type"],
+        "seeds": [m["seed"] for m in members],
+        "run_dir": first["run_dir"],
+        "run_dirs": [m["run_dir"] for m in members],
+        "kind": attention_kind(mc),
+        "attention": attention_form(mc),
+        "mha_equivalent": mha_equivalent(mc),
+        "attention_parameters": first["attention_parameters"],
+        "parameters": first["parameters"],
+        "reference_attention_parameters": ref_params,
+        "attention_ratio": ref_params / first["attention_parameters"] if ref_params else None,
+        "kv_cache_bytes_per_token": kv_cache_bytes_per_token(mc, first["vocab_size"]),
+        "val_last_ce": mean_sd(list(ce.values()))["mean"],
+        "val_last_ce_per_seed": list(ce.values()),
+        "reference_val_last_ce": mean_sd([ref_ce[s] for s in paired["seeds"]])["mean"],
+        "delta_percent": delta["mean"],
+        "delta_percent_ci95": delta["ci95"],
+        "delta_seeds": paired["seeds"],
+        "story_cloze": mean_story_cloze([m.get("story_cloze") for m in members]),
+        "epochs": [f"{m['best_epoch']}/{m['last_epoch']}" for m in members],
+        "stopped_by": sorted({m["stopped_by"] for m in members}),
+        "not_converged_seeds": [
+            m["seed"] for m in members if m["stop_reason"] == "max_epochs" and m["best_epoch"] == m["last_epoch"]
+        ],
+        "mismatches": sorted({x for m in members for x in m.get("mismatches") or []}),
+    }
+
+
+def mean_story_cloze(results: list[dict | None]) -> dict | None:
+    """{half: {"summed", "per_token"}}: the mean Story Cloze accuracy over the runs that have one (None if none)."""
+    found = [r for r in results if r]
+    if not found:
+        return None
+    halves = dict.fromkeys(h for r in found for h in r)
+    return {
+        h: {k: mean_sd([r[h][k] for r in found if h in r])["mean"] for k in ("summed", "per_token")} for h in halves
+    }
 
 
 def target_check(rows: list[dict]) -> list[dict]:
@@ -208,142 +259,3 @@ def target_check(rows: list[dict]) -> list[dict]:
             }
         )
     return out
-
-
-# ----- reports -----
-def _fmt(value, spec: str) -> str:
-    return "—" if value is None else format(value, spec)
-
-
-def markdown_lines(results: dict) -> list[str]:
-    """The results.md section: the L_S(4)-vs-attention-parameters table and the target check."""
-    lines = [
-        "",
-        "## L_S(4) against attention parameters (the Tucker paper's Figure 3, for this task)",
-        "",
-        "Attention parameters: the Q/K/V (and output) weights of all attention layers (Table 1 of the Tucker paper; the "
-        "4-tensor model has no output map). Ratio = reference attention parameters / the run's (× fewer); "
-        "Δ% = 100 (L_S(4) − reference) / reference, positive: worse than the reference of the same model type "
-        "(4-tensor: dense Q/K/V; baseline: MHA). Pareto: on the front of all runs of the pair (fewer attention "
-        "parameters and lower L_S(4)).",
-        "",
-        "| pair | variant | model | attention | attention params | × fewer | total params | epoch | stopped by | L_S(4) "
-        "| Δ% vs reference | Pareto |",
-        "|---|---|---|---|---:|---:|---:|---|---|---:|---:|---|",
-    ]
-    for r in results["attention"]:
-        lines.append(
-            f"| {r['pair']} | {r['variant']} | {MODEL_LABELS[r['model_type']]} | {r['attention']} | "
-            f"{r['attention_parameters']:,} | {_fmt(r['attention_ratio'], '.2f')} | {r['parameters']:,} | "
-            f"{r['best_epoch']}/{r['last_epoch']} | {r['stopped_by']} | {_fmt(r['val_last_ce'], '.4f')} | "
-            f"{_fmt(r['delta_percent'], '+.2f')} | {'yes' if r.get('pareto') else ''} |"
-        )
-    lines += ["", f"![L_S(4) against attention parameters]({PARETO_FIGURE})"]
-    return lines
-
-
-def notes(results: dict) -> list[str]:
-    """Notes on the variant runs' matching with their references, and on the issue's target (how each run stopped is
-    in world_model/benchmark/notes.py, for the pairs' runs and the variants alike)."""
-    out = []
-    for v in results.get("variants", []):
-        label = row_label(v) + seed_suffix(v)
-        if v.get("mismatches"):
-            out.append(f"{label}: NOT matched with its reference: " + "; ".join(v["mismatches"]))
-        elif v.get("mismatches") is None:
-            out.append(f"{label}: its reference run has not finished; no ratio or Δ%.")
-    return out + target_notes(results.get("attention_target", []))
-
-
-def target_notes(targets: list[dict]) -> list[str]:
-    """One line per pair on the issue's target (see target_check)."""
-    out = []
-    for t in targets:
-        goal = (
-            f"target: a Tucker 4-tensor run with >= {t['ratio_at_least']:g}x fewer attention parameters than the dense "
-            f"one within {t['delta_percent_at_most']:g}% of its L_S(4)"
-        )
-        if t["met"] is None:
-            out.append(f"{t['pair']}: {goal}: no such run finished.")
-        else:
-            out.append(
-                f"{t['pair']}: {goal}: {'MET' if t['met'] else 'NOT met'}; best candidate {t['best']} "
-                f"({t['best_attention_ratio']:.2f}x fewer, Δ {t['best_delta_percent']:+.2f}%)."
-            )
-    return out
-
-
-def plot_pareto(results: dict, path: Path) -> None:
-    """L_S(4) against attention parameters (log x), one panel per pair: marker by model type, colour by attention
-    kind, every point labelled, the Pareto front drawn as a step line."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    rows = [r for r in results["attention"] if r["val_last_ce"] is not None]
-    pairs = list(dict.fromkeys(r["pair"] for r in results["attention"]))
-    fig = Figure(figsize=(7 * max(len(pairs), 1), 5))
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, max(len(pairs), 1), squeeze=False)[0]
-    for ax, pair in zip(axes, pairs):
-        plot_pareto_panel(ax, pair, [r for r in rows if r["pair"] == pair])
-    axes[-1].legend(handles=pareto_legend_handles(), fontsize=7, loc="best")
-    fig.suptitle(f"L_S(4) against attention parameters (preset {results['preset']['name']}; bottom-left is best)")
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    os.replace(tmp, path)
-
-
-def plot_pareto_panel(ax: Any, pair: str, points: list[dict]) -> None:
-    """One pair's panel of plot_pareto: its attention rows with an L_S(4), and their Pareto front."""
-    for r in points:
-        ax.scatter(
-            [r["attention_parameters"]],
-            [r["val_last_ce"]],
-            marker=FAMILY_MARKERS[r["model_type"]],
-            s=60,
-            color=KIND_COLORS[r["kind"]],
-            edgecolors="black" if r.get("pareto") else "none",
-            zorder=3,
-        )
-        label = f"{MODEL_LABELS[r['model_type']]} {r['attention']}" + (
-            " (reference)" if r["variant"] == REFERENCE else ""
-        )
-        ax.annotate(
-            label,
-            (r["attention_parameters"], r["val_last_ce"]),
-            textcoords="offset points",
-            xytext=(5, 4),
-            fontsize=7,
-        )
-    front = sorted((r["attention_parameters"], r["val_last_ce"]) for r in points if r.get("pareto"))
-    if front:
-        ax.step(
-            [x for x, _ in front],
-            [y for _, y in front],
-            where="post",
-            linestyle="--",
-            color="black",
-            alpha=0.6,
-            zorder=2,
-        )
-    ax.set_xscale("log")
-    ax.set_xlabel("attention parameters (Q/K/V/O weights, all layers)")
-    ax.set_ylabel("validation $L_{S(4)}$ (nats / token, lower is better)")
-    ax.set_title(f"{pair}")
-    ax.grid(alpha=0.3, which="both")
-
-
-def pareto_legend_handles() -> list:
-    """The legend of plot_pareto: the model types' markers, the attention kinds' colours, the front's line."""
-    from matplotlib.lines import Line2D
-
-    handles = [
-        Line2D([], [], linestyle="", marker=m, color="black", label=MODEL_LABELS[t]) for t, m in FAMILY_MARKERS.items()
-    ]
-    handles += [
-        Line2D([], [], linestyle="", marker="o", color=KIND_COLORS[k], label=KIND_LABELS[k])
-        for k in ("dense", "gqa", "mla", "tucker")
-    ]
-    handles.append(Line2D([], [], linestyle="--", color="black", label="Pareto front (outlined points)"))
-    return handles

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from world_model.benchmark import attention as attn
+from world_model.benchmark import attention_report
 from world_model.benchmark.paper import PAPER_REPORTED, PAPER_VOCAB_SIZE
 from world_model.benchmark.preset import MODEL_LABELS, row_label, seed_suffix
 from world_model.benchmark.runs import FIGURE
@@ -58,7 +58,7 @@ def write_markdown(results: dict, path: Path) -> None:
     lines += seed_lines(results) + floor_markdown_lines(results) + story_cloze_markdown_lines(results)
     lines += ["", f"![L_S(4) per epoch]({FIGURE})"]
     if results.get("attention"):
-        lines += attn.markdown_lines(results)
+        lines += attention_report.markdown_lines(results)
     lines += paper_lines(results)
     c = results["corpus_statistics"]
     lines += (
@@ -104,7 +104,22 @@ def shared_training(results: dict) -> dict:
     seeds = results["settings"]["seeds"]
     if not seeds:
         return training
-    return {**{k: v for k, v in training.items() if k != "seed"}, "seeds": ", ".join(str(seed) for seed in seeds)}
+    return {**{k: v for k, v in training.items() if k != "seed"}, "seeds": seeds_text(results["settings"])}
+
+
+def seeds_text(settings: dict) -> str:
+    """The seeds run: "0, 1, 2", or, when rows run different seeds, the most common list and the rows that differ,
+    e.g. "0 (0, 1, 2: four_tensor, baseline, tucker_4_11_11)"."""
+    lists = {row: ", ".join(map(str, seeds)) for row, seeds in (settings.get("row_seeds") or {}).items() if seeds}
+    if len(set(lists.values())) <= 1:
+        return ", ".join(str(seed) for seed in settings["seeds"])
+    texts = list(lists.values())
+    common = max(dict.fromkeys(texts), key=texts.count)
+    others: dict[str, list[str]] = {}
+    for row, text in lists.items():
+        if text != common:
+            others.setdefault(text, []).append(row)
+    return common + " (" + "; ".join(f"{text}: {', '.join(rows)}" for text, rows in others.items()) + ")"
 
 
 def runs_table_lines(results: dict) -> list[str]:

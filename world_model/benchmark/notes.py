@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import math
 
-from world_model.benchmark import attention as attn
+from world_model.benchmark import attention_report
 from world_model.benchmark.markdown import fmt
 from world_model.benchmark.paper import PAPER_VOCAB_SIZE
 from world_model.benchmark.preset import row_label, seed_suffix
+from world_model.benchmark.reuse import reuse_notes
 
 
 def notes_for(results: dict) -> list[str]:
@@ -19,7 +20,7 @@ def notes_for(results: dict) -> list[str]:
         notes += run_notes(r)
     for p in results["pairs"]:
         notes += pair_notes(p)
-    earlier = [row_label(r) + seed_suffix(r) for r in runs if r.get("skipped_by_resume")]
+    earlier = [row_label(r) + seed_suffix(r) for r in runs if r.get("skipped_by_resume") and not r.get("reused_from")]
     if earlier:
         notes.append(
             f"Trained by an earlier invocation (found finished in the out folder by --resume or --report-only, not "
@@ -27,7 +28,8 @@ def notes_for(results: dict) -> list[str]:
             "load."
         )
     notes += closest_match_notes(results["pairs"])
-    notes += attn.notes(results)
+    notes += attention_report.notes(results)
+    notes += reuse_notes(results)
     notes.append(machine_note(results))
     return notes
 

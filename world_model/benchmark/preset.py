@@ -6,8 +6,18 @@ both models share: d_x, d_t, dropout, N, T, the optimizer, the batch, the seed, 
 it checked as the spec
 
     {"name", "path", "pairs": {name: {"n_heads", "n_layers"}}, "model", "training",
-     "budget": {"train_subset", "max_minutes"}, "variants": {name: {"type", "pair", "model", "training", "versus"}},
-     "seeds": [int] | None, "default_pairs": [pair] | None}
+     "budget": {"train_subset", "max_minutes"},
+     "variants": {name: {"type", "pair", "model", "training", "versus", "seeds"}},
+     "seeds": [int] | None, "reference_seeds": [int] | None, "default_pairs": [pair] | None, "reuse_runs": str | None}
+
+Seeds. `seeds:` lists the seeds of every row (one run per seed, folders named ..._s<seed>); a row may have its own:
+`reference_seeds:` for the pairs' own runs (the 4-tensor model and the baseline, every variant's reference) and
+`seeds:` inside a variant, e.g. three seeds for the references and one row, seed 0 for the others. Both need the
+preset's `seeds:` (so that every run folder carries its seed). `--seeds` replaces every row's list.
+
+Reuse. `reuse_runs:` names a folder of finished run folders (e.g. results/benchmark/cpu/runs; relative paths are
+taken from the repository root) whose runs this preset's runs may take over when their settings are identical
+(world_model/benchmark/reuse.py).
 
 The spec stays a plain mapping, not a dataclass like the model, training and pipeline settings: it is stored
 verbatim in results.json ("preset") and read back from there by `--report-only` and by the report writers, so
@@ -29,8 +39,18 @@ from world_model.training.config import validate_config
 PRESET_DIR = Path(__file__).resolve().parents[2] / "configs" / "benchmark"
 MODELS = ("four_tensor", "baseline")  # run order within a pair
 MODEL_LABELS = {"four_tensor": "4-tensor", "baseline": "baseline"}
-PRESET_SECTIONS = ("pairs", "model", "training", "budget", "variants", "seeds", "default_pairs")
-VARIANT_FIELDS = ("type", "pair", "model", "training", "versus")
+PRESET_SECTIONS = (
+    "pairs",
+    "model",
+    "training",
+    "budget",
+    "variants",
+    "seeds",
+    "reference_seeds",
+    "default_pairs",
+    "reuse_runs",
+)
+VARIANT_FIELDS = ("type", "pair", "model", "training", "versus", "seeds")
 BUDGET_FIELDS = ("train_subset", "max_minutes")
 PAIR_FIELDS = ("n_heads", "n_layers")
 SHARED_MODEL_KEYS = ("d_x", "d_t", "n_heads", "n_layers", "n_tokens", "n_states", "dropout")
@@ -123,16 +143,35 @@ def is_seed_list(seeds: Any) -> bool:
     )
 
 
-def check_seeds_and_defaults(seeds: Any, default_pairs: Any, pairs: dict, path: Path) -> None:
-    """The optional 'seeds' and 'default_pairs' sections."""
+def check_seeds_and_defaults(data: dict, pairs: dict, path: Path) -> None:
+    """The optional 'seeds', 'reference_seeds', 'default_pairs' and 'reuse_runs' sections."""
+    seeds, default_pairs = data.get("seeds"), data.get("default_pairs")
     if seeds is not None and not is_seed_list(seeds):
         raise BenchmarkError(f"{path}: 'seeds' must be a list of distinct integers >= 0, got {seeds!r}")
+    check_row_seeds(data.get("reference_seeds"), seeds, f"{path}: 'reference_seeds'")
+    reuse = data.get("reuse_runs")
+    if reuse is not None and (not isinstance(reuse, str) or not reuse.strip()):
+        raise BenchmarkError(f"{path}: 'reuse_runs' must be the path of a folder of run folders, got {reuse!r}")
     if default_pairs is not None and (
         not isinstance(default_pairs, list) or not default_pairs or any(p not in pairs for p in default_pairs)
     ):
         raise BenchmarkError(
             f"{path}: 'default_pairs' must list pairs of the preset ({', '.join(map(str, pairs))}), "
             f"got {default_pairs!r}"
+        )
+
+
+def check_row_seeds(row_seeds: Any, seeds: Any, where: str) -> None:
+    """A row's own seed list ('reference_seeds', a variant's 'seeds'): distinct integers >= 0, in a preset with
+    'seeds:'."""
+    if row_seeds is None:
+        return
+    if not is_seed_list(row_seeds):
+        raise BenchmarkError(f"{where} must be a list of distinct integers >= 0, got {row_seeds!r}")
+    if seeds is None:
+        raise BenchmarkError(
+            f"{where} needs the preset's 'seeds:' section (the seeds of every other row), so that every run folder "
+            "is named by its seed"
         )
 
 
@@ -144,8 +183,8 @@ def load_preset(preset: str | os.PathLike) -> dict:
     check_pairs(pairs, path)
     model, training, budget = data.get("model") or {}, data.get("training") or {}, data.get("budget") or {}
     check_settings(model, training, budget, path)
-    seeds, default_pairs = data.get("seeds"), data.get("default_pairs")
-    check_seeds_and_defaults(seeds, default_pairs, pairs, path)
+    check_seeds_and_defaults(data, pairs, path)
+    seeds = data.get("seeds")
     spec = {
         "name": path.stem,
         "path": str(path),
@@ -153,9 +192,11 @@ def load_preset(preset: str | os.PathLike) -> dict:
         "model": dict(model),
         "training": dict(training),
         "budget": {k: budget.get(k) for k in BUDGET_FIELDS},
-        "variants": check_variants(data.get("variants") or {}, pairs, path),
+        "variants": check_variants(data.get("variants") or {}, pairs, seeds, path),
         "seeds": seeds,
-        "default_pairs": default_pairs,
+        "reference_seeds": data.get("reference_seeds"),
+        "default_pairs": data.get("default_pairs"),
+        "reuse_runs": data.get("reuse_runs"),
     }
     for name, variant in spec["variants"].items():
         run_config(
@@ -164,8 +205,9 @@ def load_preset(preset: str | os.PathLike) -> dict:
     return spec
 
 
-def check_variant(name: Any, v: Any, pairs: dict, path: Path) -> dict:
-    """One entry of the `variants:` section, checked: {"type", "pair", "model": overrides, "training": overrides}.
+def check_variant(name: Any, v: Any, pairs: dict, seeds: list[int] | None, path: Path) -> dict:
+    """One entry of the `variants:` section, checked: {"type", "pair", "model": overrides, "training": overrides,
+    "versus": rows, "seeds": its own seeds or None (the preset's)}.
 
     A variant changes its model or its training loss, never what it shares with its reference run: the model's
     widths, heads and layers, and the optimiser, batch, schedule, stopping rule and seed (every training setting
@@ -175,10 +217,10 @@ def check_variant(name: Any, v: Any, pairs: dict, path: Path) -> dict:
         raise BenchmarkError(f"{where}: a variant name is letters, digits, '_', '-' and '.' (it names the run folder)")
     if (
         not isinstance(v, dict)
-        or sorted(k for k in v if k not in ("model", "training", "versus")) != ["pair", "type"]
+        or sorted(k for k in v if k not in ("model", "training", "versus", "seeds")) != ["pair", "type"]
         or any(k not in VARIANT_FIELDS for k in v)
     ):
-        raise BenchmarkError(f"{where} must be {{type, pair, model, training, versus}}, got {v!r}")
+        raise BenchmarkError(f"{where} must be {{type, pair, model, training, versus, seeds}}, got {v!r}")
     if v["type"] not in MODELS:
         raise BenchmarkError(f"{where}: type {v['type']!r} is not one of {list(MODELS)}")
     if v["pair"] not in pairs:
@@ -201,23 +243,27 @@ def check_variant(name: Any, v: Any, pairs: dict, path: Path) -> dict:
     versus = v.get("versus") or []
     if not isinstance(versus, list) or not all(isinstance(row, str) for row in versus):
         raise BenchmarkError(f"{where}: 'versus' must be a list of row names (a model type or another variant)")
+    check_row_seeds(v.get("seeds"), seeds, f"{where}: 'seeds'")
     return {
         "type": v["type"],
         "pair": v["pair"],
         "model": dict(overrides),
         "training": dict(training),
         "versus": list(versus),
+        "seeds": v.get("seeds"),
     }
 
 
-def check_variants(variants: Any, pairs: dict, path: Path) -> dict:
+def check_variants(variants: Any, pairs: dict, seeds: list[int] | None, path: Path) -> dict:
     """The preset's `variants:` section, checked: {name: {"type", "pair", "model", "training": overrides,
-    "versus": rows}}. `versus` names further rows of the variant's pair (a model type, or another variant) that
+    "versus": rows, "seeds"}}. `versus` names further rows of the variant's pair (a model type, or another variant) that
     the report pairs it with by seed, beside its reference: e.g. a 4-tensor variant against a baseline variant
     trained with the same loss."""
     if not isinstance(variants, dict):
-        raise BenchmarkError(f"{path}: 'variants' must map variant names to {{type, pair, model, training, versus}}")
-    checked = {name: check_variant(name, v, pairs, path) for name, v in variants.items()}
+        raise BenchmarkError(
+            f"{path}: 'variants' must map variant names to {{type, pair, model, training, versus, seeds}}"
+        )
+    checked = {name: check_variant(name, v, pairs, seeds, path) for name, v in variants.items()}
     for name, v in checked.items():
         for row in v["versus"]:
             other = checked.get(row)
@@ -291,12 +337,22 @@ def choose_budget(
     return k, m
 
 
-def choose_seeds(spec: dict, seeds: Sequence[int] | None) -> list[int] | None:
-    """The seeds to run: `seeds`, else the preset's; None: a single run per cell with the training section's seed."""
-    seed_list = list(seeds) if seeds is not None else spec["seeds"]
-    if seed_list is not None and not is_seed_list(seed_list):
-        raise BenchmarkError(f"--seeds must be distinct integers >= 0, got {seed_list!r}")
-    return seed_list
+def choose_seeds(spec: dict, seeds: Sequence[int] | None) -> dict[str, list[int] | None]:
+    """The seeds of every row (model types and variant names): `seeds` for all of them, else each row's own list
+    (`reference_seeds` for the pairs' runs, a variant's `seeds`), else the preset's `seeds`; None: a single run per
+    cell with the training section's seed."""
+    if seeds is not None:
+        if not is_seed_list(list(seeds)):
+            raise BenchmarkError(f"--seeds must be distinct integers >= 0, got {list(seeds)!r}")
+        return {row: list(seeds) for row in (*MODELS, *spec["variants"])}
+    rows = {mt: spec.get("reference_seeds") or spec["seeds"] for mt in MODELS}
+    return rows | {name: v.get("seeds") or spec["seeds"] for name, v in spec["variants"].items()}
+
+
+def all_seeds(row_seeds: dict[str, list[int] | None]) -> list[int] | None:
+    """Every seed some row runs, in order of first appearance (None: single runs without a seed)."""
+    seeds = list(dict.fromkeys(seed for lst in row_seeds.values() for seed in lst or []))
+    return seeds or None
 
 
 # ----- one run -----

@@ -4,13 +4,17 @@ floors, and the files written from it (results.json, results.md, the per-epoch f
 results.json holds: "preset" (the spec), "command", "settings", "data_dir", "corpus_statistics", "train_windows",
 "validation_windows", "machine", "paper_parameter_check", "started_at", "complete"; then, filled by collect_results
 after every run: "runs" (run records, world_model/benchmark/runs.py), "pairs" (pair_record), with variants
-"variants" and "attention", "attention_target" (world_model/benchmark/attention.py), "seed_summary", "paired"
-(world_model/evaluation/seed_stats.py), "elapsed_seconds"; and, by write_reports, "floors" and "notes".
+"variants" and "attention", "attention_target" (world_model/benchmark/attention.py), "decode_timing" (when
+OUT/decode_timing.json has been measured, world_model/benchmark/attention_decode.py), "seed_summary", "paired"
+(world_model/evaluation/seed_stats.py), "elapsed_seconds"; and, by write_reports, "floors", "attention_verdict"
+(world_model/benchmark/attention_verdict.py) and "notes"; "reuse" (world_model/benchmark/reuse.py) with a preset's
+`reuse_runs:`.
 print_summary prints the gist at the end of the command.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 from pathlib import Path
@@ -19,6 +23,8 @@ from typing import Any, Sequence
 import torch
 
 from world_model.benchmark import attention as attn
+from world_model.benchmark import attention_report
+from world_model.benchmark.attention_verdict import attention_verdict
 from world_model.benchmark.markdown import (
     fmt,
     fmt_interval,
@@ -31,7 +37,15 @@ from world_model.benchmark.markdown import (
 from world_model.benchmark.notes import notes_for
 from world_model.benchmark.paper import paper_parameter_check
 from world_model.benchmark.preset import MODEL_LABELS, MODELS, SHARED_MODEL_KEYS, row_label, run_config, seed_suffix
-from world_model.benchmark.runs import FIGURE, RESULTS_JSON, RESULTS_MD, Run, load_windows, run_record
+from world_model.benchmark.runs import (
+    DECODE_TIMING_JSON,
+    FIGURE,
+    RESULTS_JSON,
+    RESULTS_MD,
+    Run,
+    load_windows,
+    run_record,
+)
 from world_model.data.rocstories import load_cloze_halves
 from world_model.evaluation import seed_stats
 from world_model.evaluation import story_cloze as sc
@@ -162,6 +176,8 @@ def collect_results(results: dict, runs: list[Run], out: Path) -> None:
         if attention:
             results["attention"] = attn.attention_rows(results["runs"], attention)
             results["attention_target"] = attn.target_check(results["attention"])
+            if (out / DECODE_TIMING_JSON).is_file():
+                results["decode_timing"] = json.loads((out / DECODE_TIMING_JSON).read_text())
     every_run = results["runs"] + results.get("variants", [])
     results["seed_summary"] = seed_stats.summarise_rows(every_run)
     versus = {name: v["versus"] for name, v in spec["variants"].items()}
@@ -247,12 +263,14 @@ def floor_records(results: dict) -> dict:
 def write_reports(results: dict, out: Path) -> None:
     if "floors" not in results:  # fitted once, the first time the reports are written
         results["floors"] = floor_records(results)
+    if results.get("attention"):
+        results["attention_verdict"] = attention_verdict(results["attention"], results["floors"])
     results["notes"] = notes_for(results)
     write_json_atomic(out / RESULTS_JSON, results)
     write_markdown(results, out / RESULTS_MD)
     plot_ls4(results, out / FIGURE)
     if results.get("attention"):
-        attn.plot_pareto(results, out / attn.PARETO_FIGURE)
+        attention_report.plot_pareto(results, out / attention_report.PARETO_FIGURE)
 
 
 def print_summary(results: dict, out: Path) -> None:
@@ -260,7 +278,7 @@ def print_summary(results: dict, out: Path) -> None:
     seeds and paired difference, attention variant and floor, and the paper-preset check."""
     print(
         f"\nresults: {out / RESULTS_MD}, {out / RESULTS_JSON}, {out / FIGURE}"
-        + (f", {out / attn.PARETO_FIGURE}" if results.get("attention") else "")
+        + (f", {out / attention_report.PARETO_FIGURE}" if results.get("attention") else "")
     )
     for r in table_runs(results):
         print(
@@ -286,15 +304,8 @@ def print_summary(results: dict, out: Path) -> None:
                 f"  {p['pair']} {p['comparison']}, seeds {', '.join(map(str, p['seeds']))}: mean {fmt(p['mean'], '+.4f')}, "
                 + (f"95% interval {interval}" if interval else "no interval (one seed)")
             )
-    for a in results.get("attention", []):
-        print(
-            f"  {a['pair']:>6} {MODEL_LABELS[a['model_type']]:>8} {a['variant']}: {a['attention']}, "
-            f"{a['attention_parameters']:,} attention parameters ({fmt(a['attention_ratio'], '.2f')}x fewer than "
-            f"the reference), L_S(4) {fmt(a['val_last_ce'], '.4f')} (Δ {fmt(a['delta_percent'], '+.2f')}%)"
-            + (", Pareto" if a.get("pareto") else "")
-        )
-    for note in attn.target_notes(results.get("attention_target", [])):
-        print(f"  {note}")
+    for line in attention_report.summary_lines(results):
+        print(f"  {line}")
     for f in (results.get("floors") or {}).get("rows", []):
         print(f"  floor {f['floor']}: L_S(4) {f['val_last_ce']:.4f}, acc {f['val_token_accuracy']:.4f}")
     for c in results["paper_parameter_check"]:

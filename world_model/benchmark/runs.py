@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from world_model.benchmark import attention as attn
-from world_model.benchmark.preset import MODELS, BenchmarkError, run_config, run_name
+from world_model.benchmark.preset import MODELS, BenchmarkError, all_seeds, run_config, run_name
 from world_model.data.rocstories import (
     CLOZE_PATTERN,
     RocStoriesCorpus,
@@ -40,7 +40,9 @@ from world_model.utils.files import write_json_atomic
 
 RUNS_DIR = "runs"  # OUT/runs/<name>/: the training runs
 RESULTS_JSON, RESULTS_MD, FIGURE = "results.json", "results.md", "ls4_per_epoch.png"  # OUT's reports
+DECODE_TIMING_JSON = "decode_timing.json"  # in OUT: the attention rows' decode times (attention_decode.py)
 STORY_CLOZE_FILE = "story_cloze.json"  # in a run folder: its selected checkpoint's Story Cloze accuracy
+REUSED_FILE = "reused_from.json"  # in a run folder taken over from another benchmark (reuse.py): where from
 EPOCH_OVERHEAD_S = 2.0  # per epoch: best/ and last/ checkpoints, metrics.jsonl, curves.png
 STOPPED_BY = {
     "patience": "rule (8.2)",
@@ -79,15 +81,16 @@ class Run:
 def plan_runs(
     spec: dict,
     pairs: list[str],
-    seeds: list[int] | None,
+    row_seeds: dict[str, list[int] | None],
     max_epochs: int | None,
     out: Path,
     rows: list[str] | None = None,
 ) -> list[Run]:
     """Every run of the chosen `rows` (None: all), in training order: seed by seed (so that a partial benchmark
-    has whole seeds), pair by pair, the pair's two runs and then its variants."""
+    has whole seeds), pair by pair, the pair's two runs and then its variants; a row runs the seeds `row_seeds`
+    gives it (preset.choose_seeds; None: one run with the training section's seed)."""
     runs = []
-    for seed in seeds or [None]:
+    for seed in all_seeds(row_seeds) or [None]:
         for pair in pairs:
             runs += [
                 Run(
@@ -98,6 +101,7 @@ def plan_runs(
                     seed=seed,
                 )
                 for mt in MODELS
+                if seed in (row_seeds[mt] or [None])
             ]
             runs += [
                 Run(
@@ -109,7 +113,7 @@ def plan_runs(
                     seed=seed,
                 )
                 for name, v in spec["variants"].items()
-                if v["pair"] == pair
+                if v["pair"] == pair and seed in (row_seeds[name] or [None])
             ]
     return [run for run in runs if rows is None or run.row in rows]
 
@@ -282,6 +286,9 @@ def run_record(pair: str, model_type: str, folder: Path, out: Path, extra: dict)
         "train_subset": s.get("train_subset"),
         "vocab_size": s["corpus_statistics"]["vocab_size"],
         "story_cloze": run_story_cloze(folder, s["data_dir"]),
+        "reused_from": json.loads((folder / REUSED_FILE).read_text())["source"]
+        if (folder / REUSED_FILE).is_file()
+        else None,
         "history": history,
         **extra,
     }

@@ -3,7 +3,7 @@
     python -m world_model.benchmark --preset cpu --data DATA_DIR --out OUT_DIR \
         [--max-epochs E] [--max-minutes M] [--train-subset K] [--pairs h2_l2,h4_l2,h4_l3] [--seeds 0,1,2]
         [--rows four_tensor,baseline,VARIANT] [--resume] [--report-only] [--no-progress]
-    python -m world_model.benchmark --preset attention --data DATA_DIR --out OUT_DIR
+    python -m world_model.benchmark --preset attention --data DATA_DIR --out OUT_DIR --resume [--rows ...]
     accelerate launch -m world_model.benchmark --preset paper --data DATA_DIR --out OUT_DIR     # GPUs
 
 A preset (`--preset cpu`, `--preset paper`, i.e. configs/benchmark/<name>.yaml, or the path of such a YAML
@@ -42,14 +42,19 @@ goes to the later ones) and is handed `share - its estimated epoch` as train()'s
 the end of the first epoch after which another epoch could overrun its share, and is reported as stopped by
 the time budget. A time budget is refused under several processes (each would stop on its own clock).
 
-`--resume` skips runs whose summary.json exists and resumes the others from their last completed epoch, so a long
-benchmark runs in pieces. `--report-only` trains nothing and writes the reports from the runs that have finished.
-A finished run needs only its light files (run.json, summary.json, metrics.jsonl, story_cloze.json) to be skipped
-and reported; its checkpoints may be removed.
+`--resume` skips runs whose summary.json exists (after checking that the run.json there records the requested run,
+its epoch cap aside) and resumes the others from their last completed epoch, so a long benchmark runs in pieces.
+Seeds: a preset's `seeds:` (or a row's own list, `reference_seeds:` / a variant's `seeds:`; preset.py) gives each
+row one run per seed, OUT/runs/<name>_s<seed>/; `--seeds` replaces every row's list. A preset's `reuse_runs:`
+folder gives finished runs of another benchmark that are the same runs as some of this one's: they are copied into
+OUT/runs/ (light files only) and not trained again (world_model/benchmark/reuse.py). `--report-only` trains
+nothing and writes the reports from the runs that have finished. A finished run needs only its light files
+(run.json, summary.json, metrics.jsonl, story_cloze.json) to be skipped and reported; its checkpoints may be removed.
 
 The modules: world_model/benchmark/preset.py (the preset and the arguments checked against it), runs.py (the
 runs, their folders, the epoch estimate, a finished run's record), report.py (results.json's dict, the figure),
-markdown.py and notes.py (results.md), paper.py (the paper's numbers), attention.py (the variants' rows).
+markdown.py and notes.py (results.md), paper.py (the paper's numbers), attention.py, attention_verdict.py and
+attention_report.py (the attention variants' rows, verdict and report), reuse.py (runs taken over).
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ import torch
 
 from world_model.benchmark.preset import (
     BenchmarkError,
+    all_seeds,
     choose_budget,
     choose_pairs,
     choose_rows,
@@ -77,8 +83,10 @@ from world_model.benchmark.preset import (
     load_preset,
 )
 from world_model.benchmark.report import collect_results, load_average, print_summary, results_header, write_reports
+from world_model.benchmark.reuse import reuse_folder, reuse_runs
 from world_model.benchmark.runs import (
     RESULTS_JSON,
+    REUSED_FILE,
     RUNS_DIR,
     Run,
     check_run_folders,
@@ -111,9 +119,9 @@ def run_benchmark(settings: BenchmarkSettings, command: str | None = None) -> di
         spec["training"]["precision"] = check_precision(settings.precision)
     chosen = choose_pairs(spec, settings.pair_list())
     k, m = choose_budget(spec, settings.max_epochs, settings.max_minutes, settings.train_subset)
-    seed_list = choose_seeds(spec, settings.seed_list())
+    row_seeds = choose_seeds(spec, settings.seed_list())
     out, data_dir, report_only = Path(settings.out), settings.data, settings.report_only
-    runs = plan_runs(spec, chosen, seed_list, settings.max_epochs, out, choose_rows(spec, settings.row_list()))
+    runs = plan_runs(spec, chosen, row_seeds, settings.max_epochs, out, choose_rows(spec, settings.row_list()))
     if not runs:
         raise BenchmarkError(f"--rows {settings.rows} has no run in the pairs {','.join(chosen)}")
     check_output(out, runs, k, settings.resume, report_only)
@@ -121,13 +129,19 @@ def run_benchmark(settings: BenchmarkSettings, command: str | None = None) -> di
     n_tokens = runs[0].config["model"]["n_tokens"]
     corpus, vocab, train_windows, val_windows = load_windows(data_dir, n_tokens, k)
     device, world_size, is_main = device_and_ranks()
+    reuse = None
+    if spec.get("reuse_runs"):
+        data = {"train_windows": len(train_windows), "validation_windows": len(val_windows), "vocab_size": len(vocab)}
+        reuse = reuse_runs(runs, reuse_folder(spec["reuse_runs"]), k, data, copy=is_main)
+        for name in reuse["reused"]:
+            print(f"{name}: taken over from {reuse['source']}/{name} (the same run; not trained again)", flush=True)
     if report_only:
         m = None  # nothing is trained, so there is no budget to split
     todo = [run for run in runs if not run.done and not report_only]
     share = None
     if m is not None and todo:
         share = allot_budget(todo, m, t_start, vocab, train_windows, val_windows, device, world_size)
-    record = settings_record(chosen, seed_list, runs, todo, k, m, share, settings.resume)
+    record = settings_record(chosen, row_seeds, runs, todo, k, m, share, settings.resume)
     results = results_header(
         spec,
         record,
@@ -141,6 +155,8 @@ def run_benchmark(settings: BenchmarkSettings, command: str | None = None) -> di
     )
     if report_only:  # nothing is timed here: the tables' times are those of the machine that trained the runs
         results["machine"] = earlier_machine(out) or results["machine"]
+    if reuse is not None:
+        results["reuse"] = reuse
     if is_main:
         (out / RUNS_DIR).mkdir(parents=True, exist_ok=True)
     for i, run in enumerate(runs, 1):
@@ -213,7 +229,7 @@ def allot_budget(
 
 def settings_record(
     pairs: list[str],
-    seeds: list[int] | None,
+    row_seeds: dict[str, list[int] | None],
     runs: list[Run],
     todo: list[Run],
     k: int | None,
@@ -221,10 +237,12 @@ def settings_record(
     share: float | None,
     resume: bool,
 ) -> dict:
-    """results.json["settings"]: what this invocation runs, and its budget."""
+    """results.json["settings"]: what this invocation runs (its seeds: every seed some row runs, and each row's),
+    and its budget."""
     return {
         "pairs": pairs,
-        "seeds": seeds,
+        "seeds": all_seeds(row_seeds),
+        "row_seeds": row_seeds,
         "max_epochs": runs[0].config["training"]["max_epochs"],
         "train_subset": k,
         "max_minutes": m,
@@ -236,6 +254,8 @@ def settings_record(
 
 def skip_reason(run: Run) -> str:
     """Why the loop passes over a run: finished before, or --report-only."""
+    if run.done and (run.folder / REUSED_FILE).is_file():
+        return f"taken over from {json.loads((run.folder / REUSED_FILE).read_text())['source']}; skipped"
     if run.done:
         return f"finished before ({run.folder / SUMMARY_FILE}); skipped"
     return "not finished; left out of the report (--report-only trains nothing)"
