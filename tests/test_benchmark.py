@@ -29,6 +29,7 @@ from world_model.benchmark.preset import (
 )
 from world_model.benchmark.report import pair_record, run_mismatches
 from world_model.data.rocstories import build_vocabulary, encode_windows, load_cloze_halves, load_corpus
+from world_model.evaluation import coherence as coh
 from world_model.evaluation import story_cloze as sc
 from world_model.evaluation.floors import FLOORS, floor_report
 from world_model.models.registry import build_model, count_parameters, load_model
@@ -151,7 +152,7 @@ def test_writes_one_row_per_pair_and_model_and_the_reports(finished, preset):
     assert params[("h1_l1", "baseline")] == params[("h2_l1", "baseline")]
     md = (out / "results.md").read_text()
     table = [line for line in md.splitlines() if line.startswith(("| h1_l1 ", "| h2_l1 "))]
-    assert len(table) == 4 + 2 + 4  # one row per run, one per pair, one Story Cloze row per run
+    assert len(table) == 4 + 2 + 4 + 4  # one row per run, one per pair, one Story Cloze and one coherence row per run
     assert "epoch cap" in md and "python -m world_model.benchmark --preset" in md
     assert (out / "ls4_per_epoch.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert results["command"].startswith("python -m world_model.benchmark --preset " + str(preset))
@@ -185,8 +186,25 @@ def test_floors_and_story_cloze_are_in_the_reports(finished, data_dir):
     assert f"must say where S(4) ends is {position + report['end_cost']:.4f}" in md
     last = report["last_sentence"]["val_last_ce"]
     assert f"scores {last:.4f}, and {last + report['end_cost']:.4f} with the end cost" in md
-    assert sum(line.startswith("| floor: ") for line in md.splitlines()) == len(FLOORS)
+    assert sum(line.startswith("| floor: ") for line in md.splitlines()) == 2 * len(FLOORS), "Story Cloze, coherence"
     assert "GPT-1 (Radford et al., 2018) 86.5%" in md
+
+
+def test_every_run_and_floor_has_its_coherence_report(finished, data_dir):
+    out, results = finished
+    halves = load_cloze_halves(data_dir)
+    for r in results["runs"]:
+        best = out / r["run_dir"] / "best"
+        expected = coh.coherence_report(sc.model_scorer(load_model(best)), halves, Vocabulary.load(best))
+        assert r["coherence"] == expected and expected["rule"] in coh.RULES
+        assert json.loads((out / r["run_dir"] / "coherence.json").read_text()) == expected, "kept with the run"
+    for f in results["floors"]["rows"]:
+        assert 0 <= f["coherence"]["test"] <= 1 and set(f["coherence"]["retrieval"]) >= {"recall_at_1", "mrr"}
+    md = (out / "results.md").read_text()
+    assert "## Coherence: Story Cloze by a rule chosen on val, and retrieval" in md
+    run = results["runs"][0]
+    c = run["coherence"]
+    assert f"| {c['rule']} | {c['test']:.1%} | {c['val']:.1%} | {c['retrieval']['recall_at_1']:.3f} |" in md
 
 
 def test_delta_and_time_ratio_come_from_the_runs_own_summaries(finished):

@@ -56,6 +56,7 @@ def table_runs(results: dict) -> list[dict]:
 def write_markdown(results: dict, path: Path) -> None:
     lines = settings_lines(results) + runs_table_lines(results) + pairs_table_lines(results)
     lines += seed_lines(results) + floor_markdown_lines(results) + story_cloze_markdown_lines(results)
+    lines += coherence_markdown_lines(results)
     lines += ["", f"![L_S(4) per epoch]({FIGURE})"]
     if results.get("attention"):
         lines += attention_report.markdown_lines(results)
@@ -313,5 +314,37 @@ def story_cloze_markdown_lines(results: dict) -> list[str]:
             f"| {label} | "
             + " | ".join(f"{c[h]['summed']:.1%} | {c[h]['per_token']:.1%}" if c and h in c else "— | —" for h in halves)
             + " |"
+        )
+    return lines
+
+
+def coherence_markdown_lines(results: dict) -> list[str]:
+    """Story Cloze with the decision rule chosen on the val half, and next-sentence retrieval, of every run and floor
+    that has a coherence report (`world_model.evaluation.coherence`); runs finished before the report existed are
+    listed with a dash."""
+    rows = [(row_label(r) + seed_suffix(r), r.get("coherence")) for r in results["runs"] + results.get("variants", [])]
+    rows += [(f"floor: {f['floor']}", f.get("coherence")) for f in (results.get("floors") or {}).get("rows", [])]
+    if not any(c for _, c in rows):
+        return []
+    lines = [
+        "",
+        "## Coherence: Story Cloze by a rule chosen on val, and retrieval",
+        "",
+        "The decision rule (summed, per token, or either as a ratio against the scorer's own blank-context estimate) "
+        "is the one of highest accuracy on the val half; the test half read with it is the result. Retrieval ranks "
+        "the right ending among 100 candidates (its wrong ending and 98 other stories' right endings) for every "
+        "cloze story (world_model/evaluation/coherence.py; chance: R@1 0.01, R@10 0.10, MRR about 0.05).",
+        "",
+        "| model | rule | Story Cloze test | val | R@1 | R@10 | MRR |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for label, c in rows:
+        if not c:
+            lines.append(f"| {label} | — | — | — | — | — | — |")
+            continue
+        r = c["retrieval"]
+        lines.append(
+            f"| {label} | {c['rule']} | {c['test']:.1%} | {c['val']:.1%} | {r['recall_at_1']:.3f} | "
+            f"{r['recall_at_10']:.3f} | {r['mrr']:.3f} |"
         )
     return lines

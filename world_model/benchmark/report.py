@@ -47,6 +47,7 @@ from world_model.benchmark.runs import (
     run_record,
 )
 from world_model.data.rocstories import load_cloze_halves
+from world_model.evaluation import coherence as coh
 from world_model.evaluation import seed_stats
 from world_model.evaluation import story_cloze as sc
 from world_model.evaluation.floors import FLOORS, floor_report
@@ -236,7 +237,7 @@ def floor_records(results: dict) -> dict:
     10% of them), measured on the validation windows, with their Story Cloze accuracy.
 
     {"train_windows", "selection", "end_cost", "last_sentence", "rows": [{"floor", "alpha", "copy_weight",
-    "heldout_last_ce", "val_last_ce", "val_token_accuracy", "last_tokens", "story_cloze"}]}."""
+    "heldout_last_ce", "val_last_ce", "val_token_accuracy", "last_tokens", "story_cloze", "coherence"}]}."""
     data_dir, k = results["data_dir"], results["settings"]["train_subset"]
     spec = results["preset"]
     n_tokens = run_config(spec, next(iter(spec["pairs"])), MODELS[0])["model"]["n_tokens"]
@@ -253,6 +254,7 @@ def floor_records(results: dict) -> dict:
                 "floor": name,
                 **report[name],
                 "story_cloze": sc.story_cloze(sc.floor_scorer(floors[name]), halves, vocab, n_tokens),
+                "coherence": coh.coherence_report(sc.floor_scorer(floors[name]), halves, vocab, n_tokens),
             }
             for name in FLOORS
         ],

@@ -18,13 +18,13 @@ import json
 import shutil
 from pathlib import Path
 
-from world_model.benchmark.runs import REUSED_FILE, STORY_CLOZE_FILE, Run
+from world_model.benchmark.runs import COHERENCE_FILE, REUSED_FILE, STORY_CLOZE_FILE, Run
 from world_model.training.checkpoints import METRICS_FILE, RUN_FILE, RUN_MARKERS, SUMMARY_FILE, config_differences
 from world_model.training.config import ConfigError, validate_config
 from world_model.utils.files import write_json_atomic
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-LIGHT_FILES = (RUN_FILE, SUMMARY_FILE, METRICS_FILE, STORY_CLOZE_FILE, "curves.png")
+LIGHT_FILES = (RUN_FILE, SUMMARY_FILE, METRICS_FILE, STORY_CLOZE_FILE, COHERENCE_FILE, "curves.png")
 
 
 def reuse_folder(path: str) -> Path:

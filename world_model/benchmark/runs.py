@@ -23,6 +23,7 @@ from world_model.data.rocstories import (
     load_cloze_halves,
     load_corpus,
 )
+from world_model.evaluation import coherence as coh
 from world_model.evaluation import story_cloze as sc
 from world_model.models.checkpoint import WEIGHTS_NAME
 from world_model.models.registry import build_model, load_model
@@ -42,6 +43,7 @@ RUNS_DIR = "runs"  # OUT/runs/<name>/: the training runs
 RESULTS_JSON, RESULTS_MD, FIGURE = "results.json", "results.md", "ls4_per_epoch.png"  # OUT's reports
 DECODE_TIMING_JSON = "decode_timing.json"  # in OUT: the attention rows' decode times (attention_decode.py)
 STORY_CLOZE_FILE = "story_cloze.json"  # in a run folder: its selected checkpoint's Story Cloze accuracy
+COHERENCE_FILE = "coherence.json"  # in a run folder: its selected checkpoint's coherence report
 REUSED_FILE = "reused_from.json"  # in a run folder taken over from another benchmark (reuse.py): where from
 EPOCH_OVERHEAD_S = 2.0  # per epoch: best/ and last/ checkpoints, metrics.jsonl, curves.png
 STOPPED_BY = {
@@ -286,6 +288,7 @@ def run_record(pair: str, model_type: str, folder: Path, out: Path, extra: dict)
         "train_subset": s.get("train_subset"),
         "vocab_size": s["corpus_statistics"]["vocab_size"],
         "story_cloze": run_story_cloze(folder, s["data_dir"]),
+        "coherence": run_coherence(folder, s["data_dir"]),
         "reused_from": json.loads((folder / REUSED_FILE).read_text())["source"]
         if (folder / REUSED_FILE).is_file()
         else None,
@@ -298,14 +301,27 @@ def run_story_cloze(folder: Path, data_dir: str) -> dict | None:
     """Story Cloze accuracy {half: {"summed", "per_token", "stories"}} of a run's selected checkpoint, or None when it
     has none or `data_dir` holds no Story Cloze file. Computed once and kept in the run folder (STORY_CLOZE_FILE, newer
     than the checkpoint), so a finished run's row needs no checkpoint: the benchmark's light files suffice."""
-    cached, weights = folder / STORY_CLOZE_FILE, folder / BEST_DIR / WEIGHTS_NAME
+    return cached_checkpoint_report(folder, data_dir, STORY_CLOZE_FILE, sc.story_cloze)
+
+
+def run_coherence(folder: Path, data_dir: str) -> dict | None:
+    """The coherence report of a run's selected checkpoint (`world_model.evaluation.coherence.coherence_report`:
+    Story Cloze with the rule chosen on the val half, retrieval recall@1/@10 and MRR), kept as COHERENCE_FILE like
+    `run_story_cloze`'s; None when the run has no checkpoint and no kept report (a run finished before it existed)."""
+    return cached_checkpoint_report(folder, data_dir, COHERENCE_FILE, coh.coherence_report)
+
+
+def cached_checkpoint_report(folder: Path, data_dir: str, name: str, report) -> dict | None:
+    """report(scorer, halves, vocab, n_tokens) of a run's selected checkpoint, kept in the run folder as `name`
+    (recomputed when the checkpoint is newer); None without a checkpoint or a Story Cloze file."""
+    cached, weights = folder / name, folder / BEST_DIR / WEIGHTS_NAME
     if cached.is_file() and (not weights.is_file() or cached.stat().st_mtime_ns >= weights.stat().st_mtime_ns):
         return json.loads(cached.read_text())
     if not weights.is_file() or not any(Path(data_dir).glob(CLOZE_PATTERN)):
         return None
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = load_model(folder / BEST_DIR, device=device)
-    result = sc.story_cloze(
+    result = report(
         sc.model_scorer(model),
         load_cloze_halves(data_dir),
         Vocabulary.load(folder / BEST_DIR),

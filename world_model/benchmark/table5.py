@@ -49,7 +49,8 @@ row one run per seed, OUT/runs/<name>_s<seed>/; `--seeds` replaces every row's l
 folder gives finished runs of another benchmark that are the same runs as some of this one's: they are copied into
 OUT/runs/ (light files only) and not trained again (world_model/benchmark/reuse.py). `--report-only` trains
 nothing and writes the reports from the runs that have finished. A finished run needs only its light files
-(run.json, summary.json, metrics.jsonl, story_cloze.json) to be skipped and reported; its checkpoints may be removed.
+(run.json, summary.json, metrics.jsonl, story_cloze.json, coherence.json) to be skipped and reported; its
+checkpoints may be removed.
 
 The modules: world_model/benchmark/preset.py (the preset and the arguments checked against it), runs.py (the
 runs, their folders, the epoch estimate, a finished run's record), report.py (results.json's dict, the figure),
