@@ -34,12 +34,16 @@ def test_pooled_state_averages_live_slots_of_the_last_sentence_and_of_the_window
     assert pooled_state(X, window).tolist() == [[2.0, pytest.approx(4 / 3)]]
 
 
-def test_likelihood_ratio_is_per_token_and_skips_padding():
-    log_probs = torch.log(torch.tensor([[[0.1, 0.5, 0.4], [0.1, 0.2, 0.7]]]))  # (B=1, N=2, V=3)
-    blank = torch.log(torch.tensor([[0.1, 0.25, 0.65], [0.1, 0.7, 0.2]]))  # (N, V)
-    candidates = torch.tensor([[[1, 2], [2, 0]]])  # (B, K=2, N)
+def test_likelihood_ratio_is_per_token_and_skips_padding_and_unknown_words():
+    log_probs = torch.log(torch.tensor([[[0.0, 0.0, 0.1, 0.5, 0.4], [0.0, 0.0, 0.1, 0.2, 0.7]]]))  # (B=1, N=2, V=5)
+    blank = torch.log(torch.tensor([[0.0, 0.0, 0.1, 0.25, 0.65], [0.0, 0.0, 0.1, 0.7, 0.2]]))  # (N, V); pad, unk -inf
+    candidates = torch.tensor([[[3, 4], [4, 0], [1, 4]]])  # (B, K=3, N): two words, one and padding, unknown and one
     ratio = likelihood_ratio(log_probs, blank, candidates)
-    expected = [(torch.log(torch.tensor(2.0)) + torch.log(torch.tensor(3.5))) / 2, torch.log(torch.tensor(0.4 / 0.65))]
+    expected = [
+        (torch.log(torch.tensor(2.0)) + torch.log(torch.tensor(3.5))) / 2,
+        torch.log(torch.tensor(0.4 / 0.65)),
+        torch.log(torch.tensor(3.5)),  # the unknown word is not scored: the readouts give it -inf under both
+    ]
     assert torch.allclose(ratio[0], torch.stack(expected))
 
 

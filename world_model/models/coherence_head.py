@@ -90,11 +90,12 @@ def pooled_state(X: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
 
 def likelihood_ratio(log_probs: torch.Tensor, blank_log_probs: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
     """Per-token log-likelihood ratio of candidates (B, K, N) under per-slot log_probs (B, N, V) against
-    blank_log_probs (N, V): (B, K). Padding slots are not scored."""
+    blank_log_probs (N, V): (B, K). Padding slots are not scored, nor are unknown words: the readouts exclude them
+    (log-probability -inf under both), so they say nothing of the window, and would make the ratio undefined."""
     slots = torch.arange(candidates.shape[-1], device=candidates.device)
     rows = torch.arange(len(candidates), device=candidates.device)[:, None, None]
     ratio = log_probs[rows, slots, candidates] - blank_log_probs[slots, candidates]  # (B, K, N)
-    live = candidates != PAD_ID
+    live = (candidates != PAD_ID) & (candidates != UNK_ID)
     return torch.where(live, ratio, 0.0).sum(-1) / live.sum(-1).clamp(min=1)
 
 
