@@ -35,6 +35,7 @@ from typing import Any, Sequence
 import yaml
 
 from world_model.training.config import validate_config
+from world_model.utils.files import repo_path
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "configs" / "benchmark"
 MODELS = ("four_tensor", "baseline")  # run order within a pair
@@ -187,7 +188,7 @@ def load_preset(preset: str | os.PathLike) -> dict:
     seeds = data.get("seeds")
     spec = {
         "name": path.stem,
-        "path": str(path),
+        "path": repo_path(path),
         "pairs": {str(k): dict(v) for k, v in pairs.items()},
         "model": dict(model),
         "training": dict(training),

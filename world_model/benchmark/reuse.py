@@ -21,16 +21,15 @@ from pathlib import Path
 from world_model.benchmark.runs import COHERENCE_FILE, REUSED_FILE, STORY_CLOZE_FILE, Run
 from world_model.training.checkpoints import METRICS_FILE, RUN_FILE, RUN_MARKERS, SUMMARY_FILE, config_differences
 from world_model.training.config import ConfigError, validate_config
-from world_model.utils.files import write_json_atomic
+from world_model.utils.files import REPO_ROOT, repo_path, write_json_atomic
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 LIGHT_FILES = (RUN_FILE, SUMMARY_FILE, METRICS_FILE, STORY_CLOZE_FILE, COHERENCE_FILE, "curves.png")
 
 
 def reuse_folder(path: str) -> Path:
     """The folder a preset's `reuse_runs:` names: as given when absolute, else from the repository root."""
     folder = Path(path)
-    return folder if folder.is_absolute() else PROJECT_ROOT / folder
+    return folder if folder.is_absolute() else REPO_ROOT / folder
 
 
 def reuse_differences(source: Path, run: Run, train_subset: int | None, data: dict) -> list[str]:
@@ -76,17 +75,11 @@ def reuse_runs(runs: list[Run], folder: Path, train_subset: int | None, data: di
                     shutil.copy2(source / name, run.folder / name)
             write_json_atomic(
                 run.folder / REUSED_FILE,
-                {"source": display_path(source), "copied_at": datetime.datetime.now(datetime.timezone.utc).isoformat()},
+                {"source": repo_path(source), "copied_at": datetime.datetime.now(datetime.timezone.utc).isoformat()},
             )
         run.done = True
         reused.append(run.name)
-    return {"source": display_path(folder), "reused": reused, "refused": refused}
-
-
-def display_path(path: Path) -> str:
-    """`path` relative to the repository root when inside it (results name paths relative to the repo)."""
-    path = path.resolve()
-    return str(path.relative_to(PROJECT_ROOT)) if path.is_relative_to(PROJECT_ROOT) else str(path)
+    return {"source": repo_path(folder), "reused": reused, "refused": refused}
 
 
 def reuse_notes(results: dict) -> list[str]:

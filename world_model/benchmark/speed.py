@@ -51,6 +51,7 @@ import yaml
 from world_model.models.four_tensor_config import FourTensorConfig
 from world_model.models.precision import PRECISIONS
 from world_model.utils.cli import SettingsParser, UsageError, add_verbose, run_command
+from world_model.utils.files import repo_path
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().with_name("speed_worker.py")
@@ -197,12 +198,6 @@ def load_inputs(settings: SpeedSettings) -> dict:
     return {"settings": model, "vocab_size": vocab_size, "windows": windows, "batch_size": settings.batch_size}
 
 
-def display_path(path: Path) -> str:
-    """`path` relative to the repository root when it lies inside it (as committed records name paths)."""
-    resolved = path.resolve()
-    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
-
-
 def checkout_to_compare(rev_or_dir: str, stack: contextlib.ExitStack) -> Path:
     """The root of the checkout --compare names: the directory itself, or a temporary git worktree of the
     revision (removed when `stack` closes)."""
@@ -319,7 +314,7 @@ def measure(workers: dict[str, WorkerProcess], inputs: dict, settings: SpeedSett
     timings = timed_rounds(workers, settings)
     peak = timings["peak"]
     figures: dict = {
-        "config": display_path(settings.config),
+        "config": repo_path(settings.config),
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "vocab_size": inputs["vocab_size"],

@@ -12,6 +12,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def repo_path(path: str | os.PathLike) -> str:
+    """`path` relative to the repository root when it lies inside it, as committed records name paths; else as given."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else str(path)
+
 
 def replace_dir(tmp_dir: Path, final_dir: Path) -> None:
     """Move a fully written folder onto `final_dir`, replacing what was there only once it is complete."""
