@@ -223,7 +223,11 @@ def test_decode_timing_alternates_the_baseline_rows_and_lands_in_the_reports(att
     out = tmp_path / "timed"
     shutil.copytree(attention_out[0], out)
     shutil.rmtree(out / "runs" / "h2_l1_baseline_mla_dc2_s0" / "best")  # this row is built with random weights
-    assert attention_decode.main(["--out", str(out), "--rounds", "3", "--steps", "2"]) == 0
+    threads = torch.get_num_threads()
+    assert (
+        attention_decode.main(["--out", str(out), "--rounds", "3", "--steps", "2", "--threads", str(threads + 1)]) == 0
+    )
+    assert torch.get_num_threads() == threads, "the caller's thread count is restored"
     timing = json.loads((out / "decode_timing.json").read_text())
     assert [r["variant"] for r in timing["rows"]] == ["reference", "gqa_kv1", "mla_dc2", "tucker_2_3_3"]
     assert [r["trained_weights"] for r in timing["rows"]] == [True, True, False, True]

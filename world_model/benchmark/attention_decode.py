@@ -143,7 +143,11 @@ def measure(settings: DecodeSettings) -> dict:
 def decode_command(settings: DecodeSettings, command: str) -> dict:
     """Measure, write OUT/decode_timing.json and rewrite results.json and results.md with it."""
     out = Path(settings.out)
-    timing = {**measure(settings), "command": command}
+    threads = torch.get_num_threads()
+    try:
+        timing = {**measure(settings), "command": command}
+    finally:
+        torch.set_num_threads(threads)  # measure sets its own count; the caller's process keeps its own
     write_json_atomic(out / DECODE_TIMING_JSON, timing)
     results = json.loads((out / RESULTS_JSON).read_text())
     results["decode_timing"] = timing
