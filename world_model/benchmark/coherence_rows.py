@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from world_model.benchmark.markdown import fmt_interval
 from world_model.data.rocstories import load_cloze_halves
 from world_model.evaluation import coherence as coh
 from world_model.evaluation import story_cloze as sc
@@ -115,26 +116,27 @@ def summarise(records: list[dict], references: dict[int, dict]) -> dict:
     }
 
 
+def with_interval(stats: dict, spec: str, scale: float = 1.0) -> str:
+    """A mean and its 95% interval (when it has one), each scaled and formatted with `spec`: "m [lo, hi]"."""
+    ci = stats["ci95"]
+    interval = fmt_interval(None if ci is None else [scale * c for c in ci], spec)
+    mean = format(scale * stats["mean"], spec)
+    return mean if interval is None else f"{mean} {interval}"
+
+
 def percent(stats: dict) -> str:
-    ci = stats["ci95"]
-    return f"{stats['mean']:.1%}" + ("" if ci is None else f" [{ci[0]:.1%}, {ci[1]:.1%}]")
+    return with_interval(stats, ".1%")
 
 
-def number(stats: dict, digits: int = 3) -> str:
-    ci = stats["ci95"]
-    return f"{stats['mean']:.{digits}f}" + ("" if ci is None else f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]")
+def number(stats: dict) -> str:
+    return with_interval(stats, ".3f")
 
 
 def difference(stats: dict, as_percent: bool) -> str:
     """A paired difference: mean [interval] over its seeds, in points or plain units."""
     if not stats["n"]:
         return "-"
-    scale, unit = (100, " pts") if as_percent else (1, "")
-    ci = stats["ci95"]
-    text = f"{stats['mean'] * scale:+.1f}" if as_percent else f"{stats['mean']:+.3f}"
-    if ci is not None:
-        text += f" [{ci[0] * scale:+.1f}, {ci[1] * scale:+.1f}]" if as_percent else f" [{ci[0]:+.3f}, {ci[1]:+.3f}]"
-    return text + unit
+    return with_interval(stats, "+.1f", 100) + " pts" if as_percent else with_interval(stats, "+.3f")
 
 
 def markdown(results: dict) -> str:
