@@ -109,6 +109,7 @@ def row(variant, model_type, kind, ratio, delta, ci=None, seeds=(0,), ce=5.0, **
         "delta_percent": delta,
         "delta_percent_ci95": ci,
         "delta_seeds": list(seeds),
+        "seeds": list(seeds),
         "val_last_ce": ce,
         "mha_equivalent": False,
         "not_converged_seeds": [],
@@ -124,7 +125,7 @@ FLOORS = {
 
 def hand_rows(tucker_ci):
     return [
-        row("reference", "baseline", "mha", 1.0, 0.0, ce=5.2),
+        row("reference", "baseline", "mha", 1.0, 0.0, ce=5.2, seeds=(0, 1, 2), val_last_ce_per_seed=[5.1, 5.2, 5.3]),
         row("gqa1", "baseline", "gqa", 1.6, 0.5),  # within at 1.6x (seed-0 point)
         row("mla32", "baseline", "mla", 1.6, 0.9),
         row("mla8", "baseline", "mla", 2.9, 1.5),  # outside
@@ -162,6 +163,9 @@ def test_the_verdict_takes_the_largest_ratio_within_one_percent_and_checks_the_o
     assert "Finding, not below the position-unigram floor: p baseline t19." in text
     assert "Position-unigram count floor: L_S(4) 5.5000" in text and "5.7500 with the end cost" in text
     assert "Finding, not converged: p baseline t19 (seed 1)." in text
+    [noise] = result["seed_noise"]  # only the baseline reference has several seeds
+    assert noise["model_type"] == "baseline" and noise["sd_percent"] == pytest.approx(100 * 0.1 / 5.2)
+    assert "baseline reference's L_S(4) has a standard deviation of 1.92% of its mean over seeds 0, 1, 2" in text
 
     met = verdict.attention_verdict(hand_rows(tucker_ci=[0.2, 0.95]), FLOORS)  # now t19 is within
     assert met["claims"][0]["tucker_ratio"] == 19.3 and met["claims"][0]["met"]  # 19.3 >= 10 x 1.6

@@ -11,6 +11,9 @@ a compression). The claim holds at a pair when Tucker's largest ratio is at leas
 GQA's and MLA's; a family with no row within 1% counts at 1x (comparable quality only at the reference's size:
 MHA is GQA with n_KV = n_H), and is said so.
 
+Seed noise: for each reference with two or more seeds, the sample standard deviation of its per-seed L_S(4) as a
+percent of their mean, the scale against which a one-seed Δ% (and the 1% line) is read.
+
 Findings flagged on the rows: not below the position-unigram count floor (world_model/evaluation/floors/; the
 mean L_S(4) of the row is not lower than that floor's, for the baseline too, whose fairer floor adds the end cost
 and is only named), and not converged (a seed whose run stopped on the epoch
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 from world_model.benchmark.attention import REFERENCE
 from world_model.benchmark.preset import MODEL_LABELS
+from world_model.evaluation.seed_stats import mean_sd
 
 WITHIN_PERCENT = 1.0
 ORDER_OF_MAGNITUDE = 10.0
@@ -90,9 +94,27 @@ def claim_check(families: list[dict], pair: str) -> dict | None:
     }
 
 
+def seed_noise(rows: list[dict]) -> list[dict]:
+    """Per reference row with two or more seeds: {"pair", "model_type", "seeds", "sd_percent"}, the sample standard
+    deviation of its per-seed L_S(4) in percent of their mean."""
+    noise = []
+    for r in rows:
+        stats = mean_sd(r.get("val_last_ce_per_seed") or [])
+        if r["variant"] == REFERENCE and stats["sd"] is not None:
+            noise.append(
+                {
+                    "pair": r["pair"],
+                    "model_type": r["model_type"],
+                    "seeds": r["seeds"],
+                    "sd_percent": 100 * stats["sd"] / stats["mean"],
+                }
+            )
+    return noise
+
+
 def attention_verdict(rows: list[dict], floors: dict | None) -> dict:
     """results.json["attention_verdict"]: {"within_percent", "position_floor", "families", "claims", "checks"
-    (MHA-equivalent rows against MHA), "findings": {row label: [flags]}}."""
+    (MHA-equivalent rows against MHA), "seed_noise" (`seed_noise`), "findings": {row label: [flags]}}."""
     floor_rows = {f["floor"]: f for f in (floors or {}).get("rows", [])}
     position = floor_rows[POSITION_FLOOR]["val_last_ce"] if POSITION_FLOOR in floor_rows else None
     pairs = list(dict.fromkeys(r["pair"] for r in rows))
@@ -123,6 +145,7 @@ def attention_verdict(rows: list[dict], floors: dict | None) -> dict:
         "families": families,
         "claims": [c for c in (claim_check(families, pair) for pair in pairs) if c is not None],
         "checks": checks,
+        "seed_noise": seed_noise(rows),
         "findings": {k: v for k, v in findings.items() if v},
     }
 
@@ -174,6 +197,12 @@ def verdict_lines(verdict: dict) -> list[str]:
         delta = "" if c["delta_percent"] is None else f", Δ {c['delta_percent']:+.2f}% ({c['basis']})"
         lines.append(
             f"- Check: {c['pair']} baseline {c['variant']} can represent MHA exactly; it {state[c['within']]}{delta}."
+        )
+    for n in verdict.get("seed_noise", []):
+        seeds = ", ".join(str(s) for s in n["seeds"])
+        lines.append(
+            f"- Seed noise: the {n['pair']} {MODEL_LABELS[n['model_type']]} reference's L_S(4) has a standard deviation "
+            f"of {n['sd_percent']:.2f}% of its mean over seeds {seeds}; a one-seed Δ% is a single draw against it."
         )
     if verdict["position_floor"] is not None:
         lines.append(
