@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import random
-import shlex
 import statistics
 import sys
 import time
@@ -30,7 +29,7 @@ from pipeline.presets import PROJECT_ROOT
 from pipeline.rollout import predict
 from world_model.models.generation_config import GenerationConfig
 from world_model.text.windows import caption_states, caption_window
-from world_model.utils.cli import SettingsParser, add_verbose, run_command
+from world_model.utils.cli import settings_main
 
 OFFLINE = PROJECT_ROOT / "offline_pack" / "predictor"
 ROCSTORIES = PROJECT_ROOT / "world_model" / "pretrained" / "rocstories-cpu"
@@ -111,13 +110,7 @@ class OverheadSettings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = SettingsParser(
-        OverheadSettings, prog="python -m pipeline.explain_bench", description=__doc__.split("\n\n")[0]
-    )
-    add_verbose(parser)
-    settings, args = parser.parse(argv)
-    command = "python -m pipeline.explain_bench " + shlex.join(argv if argv is not None else sys.argv[1:])
-    return run_command(lambda: overhead_command(settings, command), verbose=args.verbose)
+    return settings_main(OverheadSettings, "pipeline.explain_bench", __doc__.split("\n\n")[0], overhead_command, argv)
 
 
 def overhead_command(settings: OverheadSettings, command: str) -> None:

@@ -2,11 +2,12 @@
 builds its parser."""
 
 import importlib
+import shlex
 from dataclasses import dataclass, field
 
 import pytest
 
-from world_model.utils.cli import SettingsParser
+from world_model.utils.cli import SettingsParser, settings_main
 
 
 @dataclass
@@ -58,12 +59,32 @@ def test_the_help_names_the_dashed_flag_first(capsys):
     assert "--batch-size BATCH_SIZE, --batch_size BATCH_SIZE" in out and "--size" not in out
 
 
+def test_settings_main_hands_the_work_its_settings_and_the_command_to_run_again(capsys):
+    seen = []
+    argv = ["--kind", "two words", "--lr", "0.5"]
+    code = settings_main(Settings, "some.module", "", lambda settings, command: seen.append((settings, command)), argv)
+    [(settings, command)] = seen
+    assert code == 0 and settings == Settings(lr=0.5, kind="two words")
+    assert command == "python -m some.module --kind 'two words' --lr 0.5"
+    assert shlex.split(command)[3:] == argv  # quoted so that a shell gives back the same arguments
+
+    def refuse(settings, command):
+        raise ValueError("--lr: too large")
+
+    assert settings_main(Settings, "some.module", "", refuse, []) == 2
+    assert capsys.readouterr().err.strip() == "error: --lr: too large"
+
+
 COMMANDS = [  # (module, the arguments it requires)
     ("world_model.training.train", ["--config", "c.yaml", "--data", "d", "--out", "o"]),
     ("world_model.benchmark.table5", ["--preset", "cpu", "--data", "d", "--out", "o"]),
     ("world_model.benchmark.sweep", ["--preset", "cpu", "--data", "d", "--out", "o"]),
     ("world_model.benchmark.attention_decode", ["--out", "o"]),
     ("world_model.training.export", ["--run", "r", "--out", "o", "--command", "c"]),
+    ("world_model.benchmark.coherence_rows", ["--runs", "r", "--data", "d", "--out", "o"]),
+    ("world_model.evaluation.evaluate", ["--checkpoint", "c", "--data", "d"]),
+    ("world_model.evaluation.readout_eval", ["--checkpoint", "c", "--data", "d", "--out", "o"]),
+    ("world_model.training.coherence", ["--checkpoint", "c", "--data", "d"]),
     ("world_model.data.rocstories", ["d"]),
     ("world_model.data.synthetic.generator", ["generate", "--episodes", "1", "--out", "o"]),
     ("world_model.data.synthetic.sentences", ["--checkpoint", "c", "--data", "d"]),

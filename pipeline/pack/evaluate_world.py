@@ -34,7 +34,6 @@ import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while 
 
 # isort: split
 import json
-import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +42,7 @@ from pipeline.pack.pack_folder import EvaluationError, read_heldout, resolve_pac
 from pipeline.pack.world_loop import run_loop
 from pipeline.pack.world_report import markdown
 from pipeline.run_folder import run_folder
-from world_model.utils.cli import SettingsParser, add_verbose, run_command
+from world_model.utils.cli import SettingsParser, add_verbose, command_line, run_command
 from world_model.utils.files import replace_dir
 from world_model.utils.hub import default_device
 
@@ -128,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error (as --verbose does)")
     add_verbose(parser)
     settings, args = parser.parse(argv)
-    command = "python -m pipeline.pack.evaluate_world " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = command_line("pipeline.pack.evaluate_world", argv)
     return run_command(lambda: evaluate_command(settings, command), verbose=args.verbose or args.debug)
 
 

@@ -27,7 +27,7 @@ from pipeline.presets import load_preset
 from renderers.pixel_pipeline import SOLVERS, set_solver
 from renderers.text_to_image import DiffusersRenderer
 from world_model.data.synthetic.scenes import SCENE_TYPES
-from world_model.utils.cli import SettingsParser, add_verbose, check_writable, run_command
+from world_model.utils.cli import check_writable, settings_main
 
 PIPELINE_CLASS = "renderers.pixel_pipeline:PixelTextToImagePipeline"
 
@@ -100,12 +100,13 @@ class RoundTripSettings:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = SettingsParser(
-        RoundTripSettings, prog="python -m pipeline.pack.round_trip", description=__doc__.split("\n\n")[0]
+    return settings_main(
+        RoundTripSettings,
+        "pipeline.pack.round_trip",
+        __doc__.split("\n\n")[0],
+        lambda s, _: round_trip_command(s),
+        argv,
     )
-    add_verbose(parser)
-    settings, args = parser.parse(argv)
-    return run_command(lambda: round_trip_command(settings), verbose=args.verbose)
 
 
 def round_trip_command(settings: RoundTripSettings) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import shlex
 import statistics
 import sys
 import time
@@ -36,7 +35,7 @@ from world_model.benchmark.runs import DECODE_TIMING_JSON, RESULTS_JSON
 from world_model.models.checkpoint import WEIGHTS_NAME
 from world_model.models.registry import build_model, load_model
 from world_model.training.checkpoints import BEST_DIR
-from world_model.utils.cli import SettingsParser, UsageError, add_verbose, run_command
+from world_model.utils.cli import UsageError, settings_main
 from world_model.utils.files import write_json_atomic
 
 
@@ -161,15 +160,9 @@ def decode_command(settings: DecodeSettings, command: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = SettingsParser(
-        DecodeSettings, prog="python -m world_model.benchmark.attention_decode", description=__doc__.split("\n\n")[0]
+    return settings_main(
+        DecodeSettings, "world_model.benchmark.attention_decode", __doc__.split("\n\n")[0], decode_command, argv
     )
-    add_verbose(parser)
-    settings, args = parser.parse(argv)
-    command = "python -m world_model.benchmark.attention_decode " + shlex.join(
-        argv if argv is not None else sys.argv[1:]
-    )
-    return run_command(lambda: decode_command(settings, command), verbose=args.verbose)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ Cloze comes from its committed story_cloze.json, read with the rule of higher va
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ from world_model.evaluation import story_cloze as sc
 from world_model.evaluation.seed_stats import mean_interval, paired_difference
 from world_model.models.registry import load_predictor
 from world_model.training.coherence import train_coherence_heads
-from world_model.utils.cli import SettingsParser, add_verbose, run_command
+from world_model.utils.cli import settings_main
 from world_model.utils.files import write_json_atomic
 
 FIGURES = ("test", "val", "recall_at_1", "recall_at_10", "mrr")  # per scorer, in the report's column order
@@ -238,15 +237,13 @@ def coherence_rows_command(settings: CoherenceRowSettings, command: str) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = SettingsParser(
+    return settings_main(
         CoherenceRowSettings,
-        prog="python -m world_model.benchmark.coherence_rows",
-        description=__doc__.split("\n\n")[0],
+        "world_model.benchmark.coherence_rows",
+        __doc__.split("\n\n")[0],
+        coherence_rows_command,
+        argv,
     )
-    add_verbose(parser)
-    settings, args = parser.parse(argv)
-    command = "python -m world_model.benchmark.coherence_rows " + shlex.join(argv if argv is not None else sys.argv[1:])
-    return run_command(lambda: coherence_rows_command(settings, command), verbose=args.verbose)
 
 
 if __name__ == "__main__":

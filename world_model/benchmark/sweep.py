@@ -18,7 +18,6 @@ import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while 
 
 # isort: split
 import json
-import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ from world_model.training import train as train_mod
 from world_model.training.batches import load_training_windows
 from world_model.training.checkpoints import SUMMARY_FILE
 from world_model.training.config import validate_config
-from world_model.utils.cli import SettingsParser, add_verbose, run_command
+from world_model.utils.cli import SettingsParser, add_verbose, command_line, run_command
 from world_model.utils.files import write_json_atomic
 
 
@@ -178,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_verbose(parser)
     settings, args = parser.parse(argv)
-    command = "python -m world_model.benchmark.sweep " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = command_line("world_model.benchmark.sweep", argv)
     return run_command(
         lambda: print(markdown(run_sweep(settings, command))),
         verbose=args.verbose,

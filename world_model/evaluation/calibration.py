@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +43,7 @@ from world_model.models.checkpoint import CheckpointError
 from world_model.models.decoding import CALIBRATION_NAME, slot_log_likelihood
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import PAD_ID, UnknownWordError, Vocabulary
-from world_model.utils.cli import SettingsParser, add_verbose, run_command
+from world_model.utils.cli import SettingsParser, add_verbose, command_line, run_command
 from world_model.utils.eval_mode import eval_mode
 
 BINS = 15  # reliability bins of equal width over [0, 1]
@@ -294,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings, args = parser.parse(argv)
     if settings.save and not settings.train:
         parser.error("--save needs --train: the temperature is fitted on training episodes")
-    command = "python -m world_model.evaluation.calibration " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = command_line("world_model.evaluation.calibration", argv)
     return run_command(lambda: calibration_command(settings, command), verbose=args.verbose)
 
 

@@ -63,7 +63,7 @@ from world_model.models.coherence_head import CoherenceHead, load_coherence_head
 from world_model.models.precision import PRECISIONS, autocast
 from world_model.models.registry import count_parameters, load_model
 from world_model.text.vocab import Vocabulary
-from world_model.utils.cli import SettingsParser, UsageError, add_verbose, check_device, check_writable, run_command
+from world_model.utils.cli import UsageError, check_device, check_writable, settings_main
 from world_model.utils.eval_mode import eval_mode
 from world_model.utils.files import write_json_atomic
 from world_model.utils.hub import default_device
@@ -298,14 +298,13 @@ class EvaluateSettings:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = SettingsParser(
+    return settings_main(
         EvaluateSettings,
-        prog="python -m world_model.evaluation.evaluate",
-        description="Validation metrics of a trained checkpoint (paper, section 8.2).",
+        "world_model.evaluation.evaluate",
+        "Validation metrics of a trained checkpoint (paper, section 8.2).",
+        lambda settings, _: evaluate_command(settings),
+        argv,
     )
-    add_verbose(parser)
-    settings, args = parser.parse(argv)
-    return run_command(lambda: evaluate_command(settings), verbose=args.verbose)
 
 
 def evaluate_command(settings: EvaluateSettings) -> None:

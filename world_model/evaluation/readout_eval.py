@@ -27,7 +27,7 @@ from world_model.generation.bank_file import SentenceBank, distinct_sentences, f
 from world_model.generation.sentence_bank import COHERENCE_WEIGHT, LENGTH_POWER
 from world_model.models.coherence_head import load_coherence_head
 from world_model.models.registry import load_predictor
-from world_model.utils.cli import SettingsParser, UsageError, add_verbose, check_writable, run_command
+from world_model.utils.cli import UsageError, check_writable, settings_main
 
 COHERENCE_WEIGHTS = (0.03, 0.1, 0.3, 1.0, 3.0)  # the coherence head's weights --select --coherence compares
 
@@ -124,13 +124,9 @@ class ReadoutEvalSettings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = SettingsParser(
-        ReadoutEvalSettings, prog="python -m world_model.evaluation.readout_eval", description=__doc__.split("\n\n")[0]
+    return settings_main(
+        ReadoutEvalSettings, "world_model.evaluation.readout_eval", __doc__.split("\n\n")[0], readout_command, argv
     )
-    add_verbose(parser)
-    settings, args = parser.parse(argv)
-    command = "python -m world_model.evaluation.readout_eval " + " ".join(argv if argv is not None else sys.argv[1:])
-    return run_command(lambda: readout_command(settings, command), verbose=args.verbose)
 
 
 def readout_command(settings: ReadoutEvalSettings, command: str) -> None:

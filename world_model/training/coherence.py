@@ -34,7 +34,7 @@ from world_model.evaluation.seed_stats import mean_interval
 from world_model.models.coherence_head import CoherenceHead, CoherenceHeadConfig, pooled_state, save_coherence_head
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import PAD_ID
-from world_model.utils.cli import SettingsParser, add_verbose, run_command
+from world_model.utils.cli import settings_main
 from world_model.utils.files import write_json_atomic
 
 # The predictor's ratio weight is never negative: a negative weight prefers the endings the story makes less likely,
@@ -212,12 +212,13 @@ class CoherenceSettings:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = SettingsParser(
-        CoherenceSettings, prog="python -m world_model.training.coherence", description=__doc__.split("\n\n")[0]
+    return settings_main(
+        CoherenceSettings,
+        "world_model.training.coherence",
+        __doc__.split("\n\n")[0],
+        lambda settings, _: coherence_command(settings),
+        argv,
     )
-    add_verbose(parser)
-    settings, args = parser.parse(argv)
-    return run_command(lambda: coherence_command(settings), verbose=args.verbose)
 
 
 def coherence_command(settings: CoherenceSettings) -> None:

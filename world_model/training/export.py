@@ -25,7 +25,7 @@ from world_model.evaluation.floors import FLOORS
 from world_model.generation.sentence_bank import write_rocstories_bank
 from world_model.models.registry import count_parameters, load_model
 from world_model.text.vocab import Vocabulary
-from world_model.utils.cli import SettingsParser, add_verbose, check_writable, run_command
+from world_model.utils.cli import check_writable, settings_main
 
 
 def model_card(config: dict, run: dict, metrics: dict, command: str, size_bytes: int) -> str:
@@ -131,12 +131,9 @@ class ExportSettings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = SettingsParser(
-        ExportSettings, prog="python -m world_model.training.export", description=__doc__.split("\n\n")[0]
+    return settings_main(
+        ExportSettings, "world_model.training.export", __doc__.split("\n\n")[0], lambda s, _: export(s), argv
     )
-    add_verbose(parser)
-    settings, args = parser.parse(argv)
-    return run_command(lambda: export(settings), verbose=args.verbose)
 
 
 def export(settings: ExportSettings) -> None:

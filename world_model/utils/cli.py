@@ -8,7 +8,8 @@ stop signals handled alike.
 
 `run_command(work, verbose)` runs a command's work under these rules; `check_device` and `check_writable` are the
 checks a command makes before loading models or reading data. `SettingsParser` is every command's parser: its flags
-are the fields of settings dataclasses.
+are the fields of settings dataclasses; `settings_main` is the whole `main` of a command whose flags are one such
+dataclass, and `command_line` the command as its records write it.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import shlex
 import signal
 import sys
 import tempfile
 import threading
 import traceback
 from pathlib import Path
-from typing import Callable, Iterator, get_args, get_origin
+from typing import Callable, Iterator, Sequence, get_args, get_origin
 
 import torch
 from transformers import HfArgumentParser
@@ -181,6 +183,27 @@ class SettingsParser(HfArgumentParser):
 def add_verbose(parser: argparse.ArgumentParser) -> None:
     """The `--verbose` flag every command has: an error shows its traceback."""
     parser.add_argument("--verbose", action="store_true", help="show the traceback of an error")
+
+
+def command_line(module: str, argv: Sequence[str] | None) -> str:
+    """The command as a record writes it, to be run again: "python -m MODULE ARGS", the arguments (`argv`, None:
+    sys.argv[1:]) shell-quoted."""
+    return f"python -m {module} " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+
+
+def settings_main(
+    settings_type: type,
+    module: str,
+    description: str,
+    work: Callable[[object, str], object],
+    argv: Sequence[str] | None,
+) -> int:
+    """The `main` of `python -m MODULE` whose flags are the fields of `settings_type` and --verbose: parse `argv`
+    (None: sys.argv), then `run_command(work(settings, command_line(module, argv)))`; the exit code."""
+    parser = SettingsParser(settings_type, prog=f"python -m {module}", description=description)
+    add_verbose(parser)
+    settings, args = parser.parse(None if argv is None else list(argv))
+    return run_command(lambda: work(settings, command_line(module, argv)), verbose=args.verbose)
 
 
 def one_line(err: BaseException) -> str:

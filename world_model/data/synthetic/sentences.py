@@ -35,7 +35,7 @@ from world_model.models.decoding import READOUTS
 from world_model.models.generation_config import GenerationConfig
 from world_model.text.vocab import Vocabulary, same_sentence
 from world_model.text.windows import caption_window, decode_states
-from world_model.utils.cli import SettingsParser, add_verbose, check_writable, run_command
+from world_model.utils.cli import check_writable, settings_main
 from world_model.utils.eval_mode import eval_mode
 
 
@@ -229,15 +229,14 @@ class ScoreSettings:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = SettingsParser(
+    return settings_main(
         ScoreSettings,
-        prog="python -m world_model.data.synthetic.sentences",
-        description="Next-state accuracy of predictor checkpoints on held-out synthetic-world episodes, from the "
-        "true sentences (no video), beside copy-the-last-state and the simulator's ceiling.",
+        "world_model.data.synthetic.sentences",
+        "Next-state accuracy of predictor checkpoints on held-out synthetic-world episodes, from the true sentences "
+        "(no video), beside copy-the-last-state and the simulator's ceiling.",
+        lambda settings, _: score_command(settings),
+        argv,
     )
-    add_verbose(parser)
-    settings, args = parser.parse(argv)
-    return run_command(lambda: score_command(settings), verbose=args.verbose)
 
 
 def score_command(settings: ScoreSettings) -> None:
