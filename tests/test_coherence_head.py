@@ -21,6 +21,7 @@ from world_model.models.coherence_head import (
     load_coherence_head,
     pooled_state,
     save_coherence_head,
+    token_log_likelihood,
 )
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.four_tensor_config import FourTensorConfig
@@ -45,6 +46,38 @@ def test_likelihood_ratio_is_per_token_and_skips_padding_and_unknown_words():
         torch.log(torch.tensor(3.5)),  # the unknown word is not scored: the readouts give it -inf under both
     ]
     assert torch.allclose(ratio[0], torch.stack(expected))
+    likelihood = token_log_likelihood(log_probs, candidates)  # the window's side of the ratio alone
+    assert torch.allclose(likelihood[0], torch.log(torch.tensor([(0.5 * 0.7) ** 0.5, 0.4, 0.7])))
+
+
+def test_the_likelihood_weight_is_the_best_val_cloze_that_retrieves_as_well_as_the_predictor():
+    trade = {
+        0.0: {"cloze": 0.58, "mrr": 0.19},
+        1.0: {"cloze": 0.57, "mrr": 0.33},
+        4.0: {"cloze": 0.57, "mrr": 0.40},  # ties 1.0 on cloze: the first wins
+        8.0: {"cloze": 0.55, "mrr": 0.39},
+    }
+    assert training.pick_likelihood_weight(trade, predictor_mrr=0.33) == 1.0
+    assert training.pick_likelihood_weight(trade, predictor_mrr=0.34) == 4.0
+    assert training.pick_likelihood_weight(trade, predictor_mrr=0.5) == 0.0  # none retrieves as well: the head alone
+
+
+def test_the_heads_score_adds_the_weighted_likelihood_and_the_bank_ranks_by_the_same_score():
+    torch.manual_seed(0)
+    model = FourTensorModel(FourTensorConfig(vocab_size=len(VOCAB), d_x=4, d_t=2, n_heads=1, n_layers=1, n_tokens=N))
+    model.eval()
+    head = CoherenceHead(CoherenceHeadConfig(vocab_size=len(VOCAB), d_state=2 * model.config.d)).eval()
+    bank = SentenceBank.encode(STORY[3:], [], VOCAB, N)
+    window = torch.tensor([[ids(s) for s in STORY[:3]]])  # (1, T=3, N)
+    plain = head.score(model, window, bank.candidates[None])[0]
+    head.config.likelihood_weight = 1e6
+    heavy = head.score(model, window, bank.candidates[None])[0]
+    _, log_probs, _ = head.context_and_log_probs(model, window)
+    likelihood = token_log_likelihood(log_probs, bank.candidates[None])[0]
+    assert torch.allclose(heavy - plain, 1e6 * likelihood, rtol=1e-4)
+    assert heavy.argmax() == likelihood.argmax() != plain.argmax()  # the weight moves the head's choice here
+    chosen = bank_rollout(model, window, 1, bank, names=False, guard=False, coherence=head, coherence_weight=1.0)
+    assert torch.equal(chosen[0, 0], bank.candidates[likelihood.argmax()])
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ W = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 
 
 def parts(context, endings):
-    h, _ = coh.head_parts(head, model, context, endings)
+    h = coh.head_parts(head, model, context, endings)[0]
     sums, tokens = sc.four_tensor_scores(model, context, endings)
     return h, sums / tokens
 

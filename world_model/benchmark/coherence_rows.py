@@ -67,7 +67,7 @@ def seed_record(folder: Path, data: str, seed: int) -> dict:
         "ls4": summary["best_metrics"]["val_last_ce"],
         "best_epoch": summary["best_epoch"],
         "predictor": figures(report),
-        "head": {**figures(head_report), "epoch": head_report["head"]["epoch"]},
+        "head": {**figures(head_report), **{k: head_report["head"][k] for k in ("epoch", "likelihood_weight")}},
     }
 
 

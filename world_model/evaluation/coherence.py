@@ -33,7 +33,7 @@ import torch
 
 from world_model.data.rocstories import ClozeStory, encode_cloze
 from world_model.evaluation.story_cloze import Scorer, choice_accuracy
-from world_model.models.coherence_head import CoherenceHead, likelihood_ratio
+from world_model.models.coherence_head import CoherenceHead, likelihood_ratio, token_log_likelihood
 from world_model.text.vocab import Vocabulary
 
 RULES = ("summed", "per_token", "ratio_summed", "ratio_per_token")
@@ -166,22 +166,23 @@ def restatement_rate(
 
 @torch.no_grad()
 def head_parts(head: CoherenceHead, model, context: torch.Tensor, endings: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """(head scores, predictor likelihood ratios) of endings (S, K, N) after contexts (S, 4, N), each (S, K)."""
-    scores, ratios = [], []
+    """(head scores, predictor likelihood ratios, predictor per-token log-likelihoods) of endings (S, K, N) after
+    contexts (S, 4, N), each (S, K); `head.combined(*parts)` is the head's score."""
+    scores, ratios, likelihoods = [], [], []
     for start in range(0, len(context), HEAD_BATCH):
         window, ends = context[start : start + HEAD_BATCH].long(), endings[start : start + HEAD_BATCH].long()
         vectors, log_probs, blank = head.context_and_log_probs(model, window)
         scores.append(head.head_scores(vectors, ends))
         ratios.append(likelihood_ratio(log_probs, blank, ends))
-    return torch.cat(scores).double(), torch.cat(ratios).double()
+        likelihoods.append(token_log_likelihood(log_probs, ends))
+    return tuple(torch.cat(part).double() for part in (scores, ratios, likelihoods))
 
 
 def head_scorer(head: CoherenceHead, model):
     """A Story Cloze scorer (`world_model.evaluation.story_cloze.Scorer`) of the head's score: (scores, ones)."""
 
     def score(context: torch.Tensor, endings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        parts = head_parts(head, model, context, endings)
-        scores = parts[0] + head.config.model_weight * parts[1]
+        scores = head.combined(*head_parts(head, model, context, endings))
         return scores, torch.ones_like(scores)
 
     return score

@@ -239,7 +239,8 @@ def coherence_reports(
     reports = {"model": coh.coherence_report(sc.model_scorer(model, batch_size), halves, vocab, n)}
     if head is not None:
         report = coh.coherence_report(coh.head_scorer(head, model), halves, vocab, n, coh.LIKELIHOOD_FREE_RULES)
-        reports[WITH_HEAD] = {**report, "model_weight": head.config.model_weight}
+        weights = {"model_weight": head.config.model_weight, "likelihood_weight": head.config.likelihood_weight}
+        reports[WITH_HEAD] = {**report, **weights}
     reports |= {name: coh.coherence_report(sc.floor_scorer(f), halves, vocab, n) for name, f in floors.items()}
     if train_windows is not None:
         encoder, fitted = fit_dual_encoder(train_windows, len(vocab))

@@ -169,7 +169,7 @@ class CoherentRanking:
         blank = bank_scores(bank, edits, self.blank)
         tokens = (bank.candidates != PAD_ID).sum(dim=1).clamp(min=1)
         ratio = (likelihood - blank) / tokens
-        return self.head.scale * (self.sentences @ self.context[b]) + self.head.config.model_weight * ratio
+        return self.head.combined(self.head.scale * (self.sentences @ self.context[b]), ratio, likelihood / tokens)
 
 
 @torch.no_grad()

@@ -11,10 +11,11 @@ coherence`), with the predictor frozen. Two unit vectors meet in a cosine:
 
     head score  scale * cos(context, sentence)
     score       head score + model_weight * the predictor's per-token likelihood ratio of the candidate,
-                (log p(c | window) - log p(c | blank window)) / tokens(c), a blank window being all padding
+                (log p(c | window) - log p(c | blank window)) / tokens(c), a blank window being all padding,
+                + likelihood_weight * the predictor's per-token log-likelihood log p(c | window) / tokens(c)
 
-`model_weight` is chosen on the Story Cloze val half when the head is trained (it may be negative: then the score
-discounts what the window's words alone make likely). The head lives in a predictor folder as
+Both weights are chosen on the Story Cloze val half when the head is trained (`world_model.training.coherence`);
+a head saved before `likelihood_weight` existed reads it as 0. The head lives in a predictor folder as
 coherence_head.safetensors and coherence_head.json (`save_coherence_head`, `load_coherence_head`); the paper's
 model is untouched and the head is read only when asked for.
 
@@ -61,12 +62,13 @@ class BagEncoder(nn.Module):
 
 @dataclass
 class CoherenceHeadConfig:
-    """The head's sizes and the weight of the predictor's likelihood ratio in its score."""
+    """The head's sizes and the weights of the predictor's likelihood ratio and likelihood in its score."""
 
     vocab_size: int
     d_state: int  # 2 d of the predictor
     dim: int = 64
     model_weight: float = 0.0
+    likelihood_weight: float = 0.0
     extra: dict | None = None  # provenance (seed, chosen epoch, selection)
 
 
@@ -88,15 +90,21 @@ def pooled_state(X: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     return torch.cat([last, every], dim=-1)
 
 
-def likelihood_ratio(log_probs: torch.Tensor, blank_log_probs: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-    """Per-token log-likelihood ratio of candidates (B, K, N) under per-slot log_probs (B, N, V) against
-    blank_log_probs (N, V): (B, K). Padding slots are not scored, nor are unknown words: the readouts exclude them
-    (log-probability -inf under both), so they say nothing of the window, and would make the ratio undefined."""
+def token_log_likelihood(log_probs: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """Per-token log-likelihood of candidates (B, K, N) under per-slot log_probs (B, N, V): (B, K). Padding slots are
+    not scored, nor are unknown words: the readouts exclude them (log-probability -inf), so they say nothing of the
+    window."""
     slots = torch.arange(candidates.shape[-1], device=candidates.device)
     rows = torch.arange(len(candidates), device=candidates.device)[:, None, None]
-    ratio = log_probs[rows, slots, candidates] - blank_log_probs[slots, candidates]  # (B, K, N)
     live = (candidates != PAD_ID) & (candidates != UNK_ID)
-    return torch.where(live, ratio, 0.0).sum(-1) / live.sum(-1).clamp(min=1)
+    return torch.where(live, log_probs[rows, slots, candidates], 0.0).sum(-1) / live.sum(-1).clamp(min=1)
+
+
+def likelihood_ratio(log_probs: torch.Tensor, blank_log_probs: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """Per-token log-likelihood ratio of candidates (B, K, N) under per-slot log_probs (B, N, V) against
+    blank_log_probs (N, V): (B, K), both read by `token_log_likelihood` (padding and unknown words not scored)."""
+    blank = blank_log_probs.expand(len(candidates), *blank_log_probs.shape)
+    return token_log_likelihood(log_probs, candidates) - token_log_likelihood(blank, candidates)
 
 
 class CoherenceHead(nn.Module):
@@ -144,7 +152,12 @@ class CoherenceHead(nn.Module):
         context, log_probs, blank = self.context_and_log_probs(model, window)
         candidates = candidates.long().clamp(min=0)
         ratio = likelihood_ratio(log_probs, blank, candidates)
-        return self.head_scores(context, candidates) + self.config.model_weight * ratio
+        return self.combined(self.head_scores(context, candidates), ratio, token_log_likelihood(log_probs, candidates))
+
+    def combined(self, head_scores: torch.Tensor, ratio: torch.Tensor, likelihood: torch.Tensor) -> torch.Tensor:
+        """The score from its parts (any one shape): head score + model_weight ratio + likelihood_weight likelihood
+        (per-token, as `likelihood_ratio` and `token_log_likelihood` give them)."""
+        return head_scores + self.config.model_weight * ratio + self.config.likelihood_weight * likelihood
 
 
 def save_coherence_head(head: CoherenceHead, folder: str | os.PathLike) -> Path:

@@ -8,8 +8,8 @@
    sentences of the same story (the earlier ones a restatement, the later ones out of order), cross-entropy over
    scale * cos. The weights kept are those of the epoch of lowest loss on the held-out slice of the training
    windows (`split_heldout`, the last tenth); the rest train.
-3. The weight of the predictor's likelihood ratio in the head's score (`MODEL_WEIGHTS`) is chosen on the Story
-   Cloze val half; the cloze endings are never trained on.
+3. The weights of the predictor's likelihood ratio and of its per-token likelihood in the head's score are chosen
+   on the Story Cloze val half (`choose_weights`); the cloze endings are never trained on.
 4. With several --seeds, one head a seed; each one's coherence report (Story Cloze val and test, retrieval;
    `world_model.evaluation.coherence`) is printed and, with their mean and 95% interval, written to --report. The
    first seed's head is written into --out (default: the checkpoint folder).
@@ -41,6 +41,9 @@ from world_model.utils.files import write_json_atomic
 # which the cloze val half rewards (its wrong endings reuse the story's words) but which ranks a story's own next
 # sentence below other stories' (docs/coherence.md). 0 first: it wins a tie on the val half.
 MODEL_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0)
+# The predictor's per-token likelihood: the head alone ranks other stories' endings worse than the predictor does; a
+# likelihood weight trades Story Cloze for retrieval. 0 first: it wins a tie.
+LIKELIHOOD_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 EPOCHS = 6
 BATCH_SIZE = 256
 LR = 3e-3
@@ -132,12 +135,45 @@ def train_head(
     return head.eval(), {"epoch": losses.index(min(losses)) + 1, "heldout_loss": min(losses), "losses": losses}
 
 
-def choose_model_weight(head: CoherenceHead, model, val_items, vocab) -> dict:
-    """The weight of `MODEL_WEIGHTS` of highest Story Cloze accuracy on the val half: {"model_weight", "val" per weight}."""
+def choose_weights(head: CoherenceHead, model, val_items, vocab) -> dict:
+    """The head's two weights, chosen on the Story Cloze val half alone:
+
+    model_weight       of `MODEL_WEIGHTS`, the highest val Story Cloze accuracy (the head, likelihood weight 0);
+    likelihood_weight  of `LIKELIHOOD_WEIGHTS`, the highest val Story Cloze accuracy among the weights whose val
+                       retrieval MRR (`world_model.evaluation.coherence`, the val stories' endings as candidates)
+                       is at least the predictor's own per-token likelihood's; 0 when none is (`pick_likelihood_weight`).
+
+    Returns {"model_weight", "likelihood_weight", "val": {model weight: accuracy}, "likelihood_val": {likelihood
+    weight: {"cloze", "mrr"}}, "predictor_val_mrr"}."""
     context, endings, answer = encode_cloze(val_items, vocab, model.config.n_tokens)
-    scores, ratios = coh.head_parts(head, model, context, endings)
+    scores, ratios, likelihoods = coh.head_parts(head, model, context, endings)
     accuracy = {w: coh.choice_accuracy(scores + w * ratios, answer) for w in MODEL_WEIGHTS}
-    return {"model_weight": max(accuracy, key=accuracy.get), "val": {str(w): a for w, a in accuracy.items()}}
+    model_weight = max(accuracy, key=accuracy.get)
+    others = coh.retrieval_others(len(context), others=min(coh.RETRIEVAL_CANDIDATES - 2, len(context) - 1))
+    ranked = coh.head_parts(head, model, context, coh.retrieval_endings(endings, answer, others))
+    base, ranked_base = scores + model_weight * ratios, ranked[0] + model_weight * ranked[1]
+    trade = {
+        w: {
+            "cloze": coh.choice_accuracy(base + w * likelihoods, answer),
+            "mrr": coh.retrieval_metrics(ranked_base + w * ranked[2])["mrr"],
+        }
+        for w in LIKELIHOOD_WEIGHTS
+    }
+    predictor_mrr = coh.retrieval_metrics(ranked[2])["mrr"]
+    return {
+        "model_weight": model_weight,
+        "likelihood_weight": pick_likelihood_weight(trade, predictor_mrr),
+        "val": {str(w): a for w, a in accuracy.items()},
+        "likelihood_val": {str(w): t for w, t in trade.items()},
+        "predictor_val_mrr": predictor_mrr,
+    }
+
+
+def pick_likelihood_weight(trade: dict[float, dict], predictor_mrr: float) -> float:
+    """Of the weights {w: {"cloze", "mrr"}}, the one of highest "cloze" among those of "mrr" >= predictor_mrr (the
+    first on a tie); 0.0 when none retrieves as well as the predictor."""
+    allowed = [w for w, t in trade.items() if t["mrr"] >= predictor_mrr]
+    return max(allowed, key=lambda w: trade[w]["cloze"]) if allowed else 0.0
 
 
 def seed_summary(reports: list[dict]) -> dict:
@@ -174,18 +210,22 @@ def train_coherence_heads(
     heads = []
     for seed in seeds:
         head, fitted = train_head(windows, states, len(vocab), seed, same_story=same_story)
-        chosen = choose_model_weight(head, model, halves["val"], vocab)
+        chosen = choose_weights(head, model, halves["val"], vocab)
         head.config.model_weight = chosen["model_weight"]
+        head.config.likelihood_weight = chosen["likelihood_weight"]
         head.config.extra = {
             "seed": seed,
             "same_story": same_story,
             **fitted,
             "model_weight_val": chosen["val"],
+            "likelihood_weight_val": chosen["likelihood_val"],
+            "predictor_val_mrr": chosen["predictor_val_mrr"],
             "source": str(data_dir),
         }
         scorer = coh.head_scorer(head, model)
         report = coh.coherence_report(scorer, halves, vocab, model.config.n_tokens, coh.LIKELIHOOD_FREE_RULES)
-        heads.append((head, {**report, "head": {**head.config.extra, "model_weight": head.config.model_weight}}))
+        weights = {"model_weight": head.config.model_weight, "likelihood_weight": head.config.likelihood_weight}
+        heads.append((head, {**report, "head": {**head.config.extra, **weights}}))
         if out is not None and len(heads) == 1:
             Path(out).mkdir(parents=True, exist_ok=True)
             save_coherence_head(head, out)
