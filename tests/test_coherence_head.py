@@ -11,6 +11,7 @@ from tests.test_train import make_data
 from world_model.data.rocstories import build_vocabulary, encode_windows, load_corpus
 from world_model.evaluation.evaluate import WITH_HEAD, evaluate_checkpoint
 from world_model.generation.bank_file import SentenceBank, save_bank
+from world_model.generation.predict import SHIPPED_CHECKPOINT
 from world_model.generation.sentence_bank import bank_rollout, resolve_readout
 from world_model.models.checkpoint import CheckpointError
 from world_model.models.coherence_head import (
@@ -25,6 +26,7 @@ from world_model.models.coherence_head import (
 )
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.four_tensor_config import FourTensorConfig
+from world_model.models.registry import load_predictor
 from world_model.training import coherence as training
 
 
@@ -175,3 +177,33 @@ def test_a_lone_pair_has_nothing_to_lose_against_its_batch_but_its_story_to_tell
     stories, k = torch.tensor([1]), torch.tensor([2])
     assert training.pair_loss(head, windows, states, stories, k, same_story=False).item() == 0.0  # one candidate
     assert training.pair_loss(head, windows, states, stories, k).item() > 0.0  # S(2) against S(0, 1, 3, 4)
+
+
+@pytest.mark.parametrize(
+    "story, endings",
+    [
+        (
+            [
+                "Lisa had a big math test on Friday.",
+                "She studied all week.",
+                "On Friday she felt ready.",
+                "She took the test calmly.",
+            ],
+            [
+                "She got an A on the test.",
+                "He bought a new car at the store.",
+                "The dog barked at the mailman all night.",
+            ],
+        ),
+        (
+            ["Tom was very hungry.", "He went to the kitchen.", "He opened the fridge.", "There was nothing to eat."],
+            ["He ordered a pizza instead.", "Lisa got an A on her math test.", "The plane landed safely in Paris."],
+        ),
+    ],
+)
+def test_the_shipped_predictor_and_its_head_prefer_the_ending_that_fits(story, endings):
+    model, vocab, _ = load_predictor(SHIPPED_CHECKPOINT)
+    head = load_coherence_head(SHIPPED_CHECKPOINT, model)  # refused if it does not fit the shipped predictor
+    window = torch.tensor([[vocab.encode(s) for s in story]])
+    candidates = torch.tensor([[vocab.encode(s) for s in endings]])
+    assert head.score(model, window, candidates)[0].argmax() == 0
