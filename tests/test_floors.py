@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from world_model.evaluation import floors as fl
+from world_model.evaluation.floors.dual_encoder import DualEncoderSettings, fit_dual_encoder
 
 V = 5  # 0 padding, 1 unknown, 2..4 words
 # Two training windows of five sentences, N = 2 slots.
@@ -332,3 +333,18 @@ def test_cooccurrence_floor_rejects_bad_settings(change, message):
     }
     with pytest.raises(ValueError, match=message):
         fl.CooccurrenceFloor(**{**settings, **change})
+
+
+def test_the_dual_encoder_learns_which_next_sentence_shares_the_storys_topic():
+    gen = torch.Generator().manual_seed(0)
+    topics, filler, n = torch.arange(2, 22), torch.arange(22, 40), 6  # 20 topic words, 18 common words
+    story_topic = topics[torch.randint(0, len(topics), (200,), generator=gen)]  # (S,)
+    windows = filler[torch.randint(0, len(filler), (200, 5, n), generator=gen)]  # (S, 5, N)
+    windows[:, :, 0] = story_topic[:, None]  # every sentence of a story names its topic
+    encoder, fitted = fit_dual_encoder(windows, 40, DualEncoderSettings(dim=16, epochs=6, batch_size=32))
+    assert fitted["losses"][fitted["epoch"] - 1] == min(fitted["losses"]) and fitted["dim"] == 16
+    other = windows[torch.roll(torch.arange(200), 1), 4]  # (S, N) the next story's ending
+    differs = story_topic != torch.roll(story_topic, 1)
+    with torch.no_grad():
+        scores = encoder.score(windows[:, :4], torch.stack([windows[:, 4], other], 1))  # (S, 2)
+    assert (scores[differs, 0] > scores[differs, 1]).float().mean() > 0.9  # its own topic's ending wins
