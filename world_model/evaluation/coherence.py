@@ -99,6 +99,15 @@ def retrieval_endings(endings: torch.Tensor, answer: torch.Tensor, others: torch
     return torch.cat([right[:, None], wrong[:, None], right[others]], dim=1)
 
 
+def retrieval_candidates(
+    endings: torch.Tensor, answer: torch.Tensor, seed: int = RETRIEVAL_SEED, others: int = RETRIEVAL_CANDIDATES - 2
+) -> torch.Tensor:
+    """`retrieval_endings` with `others` other stories a story drawn by `retrieval_others` (all the other stories
+    where there are fewer): candidates (S, 2 + O, N), column 0 the right ending, column 1 the wrong one."""
+    others = min(others, len(endings) - 1)
+    return retrieval_endings(endings, answer, retrieval_others(len(endings), seed, others))
+
+
 def retrieval_metrics(scores: torch.Tensor, recall_at: Sequence[int] = RECALL_AT) -> dict:
     """recall@k and MRR of scores (S, C) whose right candidate is column 0, ties ranked at random in expectation:
     {"recall_at_1", "recall_at_10", "mrr", "candidates"}."""
@@ -133,8 +142,7 @@ def coherence_report(
         encoded.append((context, endings, answer))
     report = cloze_with_rule(per_half)
     context, endings, answer = (torch.cat(parts) for parts in zip(*encoded))
-    others = min(others, len(context) - 1)
-    candidates = retrieval_endings(endings, answer, retrieval_others(len(context), seed, others))
+    candidates = retrieval_candidates(endings, answer, seed, others)
     ranked = scored_rules(scorer, context, candidates, (report["rule"],))[report["rule"]]
     return {**report, "retrieval": retrieval_metrics(ranked)}
 

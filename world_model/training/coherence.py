@@ -146,15 +146,15 @@ def choose_weights(head: CoherenceHead, model, val_items, vocab) -> dict:
     Returns {"model_weight", "likelihood_weight", "val": {model weight: accuracy}, "likelihood_val": {likelihood
     weight: {"cloze", "mrr"}}, "predictor_val_mrr"}."""
     context, endings, answer = encode_cloze(val_items, vocab, model.config.n_tokens)
-    scores, ratios, likelihoods = coh.head_parts(head, model, context, endings)
-    accuracy = {w: coh.choice_accuracy(scores + w * ratios, answer) for w in MODEL_WEIGHTS}
+    ranked = coh.head_parts(head, model, context, coh.retrieval_candidates(endings, answer))  # each (S, 2 + O)
+    scores, ratios, likelihoods = (part[:, :2] for part in ranked)  # the story's own endings: right, then wrong
+    right = torch.zeros_like(answer)
+    accuracy = {w: coh.choice_accuracy(scores + w * ratios, right) for w in MODEL_WEIGHTS}
     model_weight = max(accuracy, key=accuracy.get)
-    others = coh.retrieval_others(len(context), others=min(coh.RETRIEVAL_CANDIDATES - 2, len(context) - 1))
-    ranked = coh.head_parts(head, model, context, coh.retrieval_endings(endings, answer, others))
     base, ranked_base = scores + model_weight * ratios, ranked[0] + model_weight * ranked[1]
     trade = {
         w: {
-            "cloze": coh.choice_accuracy(base + w * likelihoods, answer),
+            "cloze": coh.choice_accuracy(base + w * likelihoods, right),
             "mrr": coh.retrieval_metrics(ranked_base + w * ranked[2])["mrr"],
         }
         for w in LIKELIHOOD_WEIGHTS
