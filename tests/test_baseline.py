@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from world_model.models.baseline import BaselineModel
 from world_model.models.baseline_config import BaselineConfig
+from world_model.models.baseline_generation import GOLD_CHUNK, gold_log_probs
 from world_model.models.baseline_layers import rotate
 from world_model.models.baseline_packing import aligned_correct, compact
 from world_model.models.four_tensor import FourTensorModel
@@ -613,6 +614,25 @@ def ragged_candidates(C, seed) -> torch.Tensor:
     cand[0] = torch.tensor([5, 0, 0, 0, 0])  # the shortest span: one token, then [EOS]
     cand[1] = torch.tensor([2, 3, 4, 5, 6])  # the longest: G = N + 1
     return cand
+
+
+def test_gold_log_probs_is_the_log_softmax_at_the_gold_ids_with_and_without_autograd():
+    """The fused kernel (no autograd, several blocks) and the autograd expression both give log_softmax[gold]."""
+    gen = torch.Generator().manual_seed(3)
+    n = 2 * GOLD_CHUNK + 5  # two full blocks and a ragged one
+    states, readout = torch.randn(n, 6, generator=gen) * 3, torch.randn(11, 6, generator=gen)
+    gold = torch.randint(0, 11, (n,), generator=gen)
+    expected = F.log_softmax(states @ readout.T, dim=-1)[torch.arange(n), gold]
+    with torch.no_grad():
+        torch.testing.assert_close(gold_log_probs(states, gold, readout), expected)
+    readout.requires_grad_(True)
+    got = gold_log_probs(states, gold, readout)
+    torch.testing.assert_close(got, expected)
+    got[:3].sum().backward()
+    (reference,) = torch.autograd.grad(
+        F.log_softmax(states[:3] @ readout.T, dim=-1)[torch.arange(3), gold[:3]].sum(), readout
+    )
+    torch.testing.assert_close(readout.grad, reference)
 
 
 @pytest.mark.parametrize(

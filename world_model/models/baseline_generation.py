@@ -15,8 +15,23 @@ import torch.nn.functional as F
 
 from world_model.models.decoding import check_candidates, choose_candidates
 from world_model.models.generation_config import GREEDY, GenerationConfig, after_first, sample_ids
+from world_model.models.kernels import LinearCrossEntropy
 from world_model.models.kv_cache import CachedDecoding
 from world_model.models.rollout import slide_rollout
+
+GOLD_CHUNK = 1024  # scored tokens a block of `gold_log_probs`' fused kernel (the block: GOLD_CHUNK x V floats)
+
+
+def gold_log_probs(states: torch.Tensor, gold: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
+    """log softmax(states readout^T)[gold] of states (n, d), gold ids (n,) and the readout table (V, d) -> (n,).
+
+    Without autograd the fused kernel computes it GOLD_CHUNK rows at a time in one (GOLD_CHUNK, V) block; with
+    autograd, the plain expression (the logits and their logsumexp), whose gradient flows to both inputs."""
+    if torch.is_grad_enabled() and (states.requires_grad or readout.requires_grad):
+        logits = F.linear(states, readout)  # (n, V)
+        return logits.gather(1, gold[:, None])[:, 0] - logits.logsumexp(dim=-1)
+    _, ce, _ = LinearCrossEntropy.apply(states.detach(), readout.detach().T, gold, GOLD_CHUNK, len(gold), None)
+    return -ce
 
 
 class BaselineGeneration(CachedDecoding):
@@ -110,9 +125,11 @@ class BaselineGeneration(CachedDecoding):
         for start in range(0, Bw * C, chunk_rows):
             rows = torch.arange(start, min(start + chunk_rows, Bw * C), device=gold.device)  # (R,)
             fed, targets = gold[rows, :-1], gold[rows, 1:]  # (R, G - 1) each
-            log_probs = self.extend_many(cache.select(rows // C), fed).log_softmax(dim=-1)  # (R, G - 1, V)
-            picked = log_probs.gather(-1, targets[..., None])[..., 0]  # (R, G - 1)
-            rest.append(torch.where(live[rows, 1:], picked, picked.new_zeros(())).sum(dim=1))
+            states = self.extend_hidden(cache.select(rows // C), fed)  # (R, G - 1, d)
+            scored = live[rows, 1:]  # (R, G - 1): only the span's own tokens reach the readout
+            picked = gold_log_probs(states[scored], targets[scored], self.E.weight)  # (n,) live tokens
+            owner = torch.arange(len(rows), device=gold.device)[:, None].expand_as(scored)[scored]  # (n,) their row
+            rest.append(picked.new_zeros(len(rows)).index_add(0, owner, picked))
         return first + torch.cat(rest).view(Bw, C)
 
     # ----- generation -----

@@ -68,6 +68,10 @@ class CachedDecoding:
         Token k of a row sees the row's live cached keys and its own tokens 0..k, exactly as K calls of
         `extend` would, at positions next_pos .. next_pos + K - 1.
         """
+        return F.linear(self.extend_hidden(cache, tokens), self.E.weight)
+
+    def extend_hidden(self, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
+        """`extend_many` before the readout: the final-normed states (B, K, d) whose logits it returns."""
         B, K = tokens.shape
         if int(cache.next_pos.max()) + K > self.config.max_len:
             raise ValueError(f"the sequence would pass max_len = {self.config.max_len}")
@@ -85,7 +89,7 @@ class CachedDecoding:
             x, cache.kv[i] = block(x, cache.kv[i], mask, rotary)
         cache.live = torch.cat([cache.live, cache.live.new_ones(B, K)], dim=1)
         cache.next_pos = cache.next_pos + K
-        return F.linear(self.final_norm(x), self.E.weight)
+        return self.final_norm(x)
 
     def decode(
         self,
