@@ -60,8 +60,9 @@ class BaselineGeneration(CachedDecoding):
         causal stack once (`prefill`, which also gives the log-probability of each candidate's first token),
         and only the candidates' tokens run after it: the prefix cache is copied to one row per (window,
         candidate) pair (`KVCache.select`) and each candidate's span but its final [EOS] is fed in one causal
-        multi-token pass (`extend_many`), its token k at position prefix_len + k, seeing the live prefix and
+        multi-token pass (`extend_hidden`), its token k at position prefix_len + k, seeing the live prefix and
         its own tokens 0..k, exactly the sequence [BOS] + window + candidate + [EOS] of teacher forcing.
+        Only the span's own tokens (not its padding) reach the readout, scored by `gold_log_probs`.
         Windows are prefilled in groups of max(1, chunk_rows // C) and their (window, candidate) rows run
         `chunk_rows` at a time (default: sized to about 2^25 activations per chunk), so memory stays bounded
         under torch.no_grad(); with autograd on, the result is differentiable.
