@@ -9,12 +9,13 @@ import torch.nn.functional as F
 
 from world_model.models.baseline import BaselineModel
 from world_model.models.baseline_config import BaselineConfig
-from world_model.models.baseline_generation import GOLD_CHUNK, gold_log_probs
+from world_model.models.baseline_generation import gold_log_probs
 from world_model.models.baseline_layers import rotate
 from world_model.models.baseline_packing import aligned_correct, compact
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.four_tensor_config import FourTensorConfig
 from world_model.models.generation_config import GenerationConfig
+from world_model.models.kernels import default_chunk
 from world_model.text.vocab import Vocabulary
 
 V = 13  # content vocabulary, padding 0 and unknown 1 included
@@ -619,7 +620,7 @@ def ragged_candidates(C, seed) -> torch.Tensor:
 def test_gold_log_probs_is_the_log_softmax_at_the_gold_ids_with_and_without_autograd():
     """The fused kernel (no autograd, several blocks) and the autograd expression both give log_softmax[gold]."""
     gen = torch.Generator().manual_seed(3)
-    n = 2 * GOLD_CHUNK + 5  # two full blocks and a ragged one
+    n = 2 * default_chunk(torch.empty(0), None) + 5  # two full blocks of the kernel and a ragged one
     states, readout = torch.randn(n, 6, generator=gen) * 3, torch.randn(11, 6, generator=gen)
     gold = torch.randint(0, 11, (n,), generator=gen)
     expected = F.log_softmax(states @ readout.T, dim=-1)[torch.arange(n), gold]

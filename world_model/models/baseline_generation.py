@@ -15,22 +15,20 @@ import torch.nn.functional as F
 
 from world_model.models.decoding import check_candidates, choose_candidates
 from world_model.models.generation_config import GREEDY, GenerationConfig, after_first, sample_ids
-from world_model.models.kernels import LinearCrossEntropy
+from world_model.models.kernels import linear_cross_entropy
 from world_model.models.kv_cache import CachedDecoding
 from world_model.models.rollout import slide_rollout
-
-GOLD_CHUNK = 1024  # scored tokens a block of `gold_log_probs`' fused kernel (the block: GOLD_CHUNK x V floats)
 
 
 def gold_log_probs(states: torch.Tensor, gold: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
     """log softmax(states readout^T)[gold] of states (n, d), gold ids (n,) and the readout table (V, d) -> (n,).
 
-    Without autograd the fused kernel computes it GOLD_CHUNK rows at a time in one (GOLD_CHUNK, V) block; with
-    autograd, the plain expression (the logits and their logsumexp), whose gradient flows to both inputs."""
+    Without autograd the fused kernel (`linear_cross_entropy`) computes it a block of rows at a time; with autograd,
+    the plain expression (the logits and their logsumexp), whose gradient flows to both inputs row by row."""
     if torch.is_grad_enabled() and (states.requires_grad or readout.requires_grad):
         logits = F.linear(states, readout)  # (n, V)
         return logits.gather(1, gold[:, None])[:, 0] - logits.logsumexp(dim=-1)
-    _, ce, _ = LinearCrossEntropy.apply(states.detach(), readout.detach().T, gold, GOLD_CHUNK, len(gold), None)
+    _, ce, _ = linear_cross_entropy(states.detach(), readout.detach().T, gold, argmax_from=len(gold))
     return -ce
 
 
