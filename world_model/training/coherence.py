@@ -146,20 +146,19 @@ def choose_weights(head: CoherenceHead, model, val_items, vocab) -> dict:
     Returns {"model_weight", "likelihood_weight", "val": {model weight: accuracy}, "likelihood_val": {likelihood
     weight: {"cloze", "mrr"}}, "predictor_val_mrr"}."""
     context, endings, answer = encode_cloze(val_items, vocab, model.config.n_tokens)
-    ranked = coh.head_parts(head, model, context, coh.retrieval_candidates(endings, answer))  # each (S, 2 + O)
-    scores, ratios, likelihoods = (part[:, :2] for part in ranked)  # the story's own endings: right, then wrong
-    right = torch.zeros_like(answer)
-    accuracy = {w: coh.choice_accuracy(scores + w * ratios, right) for w in MODEL_WEIGHTS}
+    candidates = coh.retrieval_candidates(endings, answer)  # (S, 2 + O): the right ending, the wrong one, others
+    scores, ratios, likelihoods = coh.head_parts(head, model, context, candidates)  # each (S, 2 + O)
+    right = torch.zeros_like(answer)  # Story Cloze reads the first two columns, the right one first
+    accuracy = {w: coh.choice_accuracy((scores + w * ratios)[:, :2], right) for w in MODEL_WEIGHTS}
     model_weight = max(accuracy, key=accuracy.get)
-    base, ranked_base = scores + model_weight * ratios, ranked[0] + model_weight * ranked[1]
-    trade = {
-        w: {
-            "cloze": coh.choice_accuracy(base + w * likelihoods, right),
-            "mrr": coh.retrieval_metrics(ranked_base + w * ranked[2])["mrr"],
+    trade = {}
+    for w in LIKELIHOOD_WEIGHTS:
+        combined = scores + model_weight * ratios + w * likelihoods
+        trade[w] = {
+            "cloze": coh.choice_accuracy(combined[:, :2], right),
+            "mrr": coh.retrieval_metrics(combined)["mrr"],
         }
-        for w in LIKELIHOOD_WEIGHTS
-    }
-    predictor_mrr = coh.retrieval_metrics(ranked[2])["mrr"]
+    predictor_mrr = coh.retrieval_metrics(likelihoods)["mrr"]
     return {
         "model_weight": model_weight,
         "likelihood_weight": pick_likelihood_weight(trade, predictor_mrr),
