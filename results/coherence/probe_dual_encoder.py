@@ -14,6 +14,7 @@ from world_model.evaluation import coherence as coh
 from world_model.evaluation.floors.dual_encoder import DualEncoderSettings, dual_encoder_scorer, fit_dual_encoder
 from world_model.generation.predict import SHIPPED_CHECKPOINT
 from world_model.models.registry import load_predictor
+from world_model.utils.files import write_json_atomic
 
 DATA = "../shared/data/rocstories"
 GRID = [
@@ -41,6 +42,4 @@ for settings in GRID:
     )
     print(json.dumps(rows[-1]), flush=True)
 best = max(rows, key=lambda r: r["val"])
-json.dump(
-    {"command": "python " + " ".join(sys.argv), "rows": rows, "chosen_on_val": best}, open(sys.argv[1], "w"), indent=1
-)
+write_json_atomic(sys.argv[1], {"command": "python " + " ".join(sys.argv), "rows": rows, "chosen_on_val": best})
