@@ -193,7 +193,10 @@ def plot_pareto(results: dict, path: Path) -> None:
 
 def plot_pareto_panel(ax: Any, pair: str, points: list[dict], floors: list[dict]) -> None:
     """One pair's panel of plot_pareto: its attention rows with an L_S(4), their Pareto front and the floors."""
-    for r in points:
+    # Labels alternate above and below in order of parameters, and the rightmost point's reads leftwards, so that
+    # neighbours' labels do not overprint each other or run into the legend; the marker names the model type.
+    points = sorted(points, key=lambda r: r["attention_parameters"])
+    for i, r in enumerate(points):
         values = [v for v in r["val_last_ce_per_seed"] if v is not None]
         spread = (sum((v - r["val_last_ce"]) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0
         ax.errorbar(
@@ -207,11 +210,15 @@ def plot_pareto_panel(ax: Any, pair: str, points: list[dict], floors: list[dict]
             linestyle="",
             zorder=3,
         )
-        text = f"{MODEL_LABELS[r['model_type']]} {r['attention']}" + (
-            " (reference)" if r["variant"] == REFERENCE else ""
-        )
+        text = r["attention"] + (" (reference)" if r["variant"] == REFERENCE else "")
+        last = i == len(points) - 1
         ax.annotate(
-            text, (r["attention_parameters"], r["val_last_ce"]), textcoords="offset points", xytext=(5, 4), fontsize=7
+            text,
+            (r["attention_parameters"], r["val_last_ce"]),
+            textcoords="offset points",
+            xytext=(-6 if last else 5, 5 if i % 2 == 0 else -11),
+            ha="right" if last else "left",
+            fontsize=7,
         )
     front = sorted((r["attention_parameters"], r["val_last_ce"]) for r in points if r.get("pareto"))
     if front:
