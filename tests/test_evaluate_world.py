@@ -260,6 +260,7 @@ def test_renderer_round_trip_command_scores_every_render(world, tmp_path, capsys
     with one_torch_thread():
         assert rt.main(argv) == 0
     result = json.loads((tmp_path / "rt.json").read_text())
+    assert result["command"].startswith("python -m pipeline.pack.round_trip --renderer ")
     captions = result["captions"]
     assert set(captions) == {"0", "1"} and all(set(c) == set(sentences) for c in captions.values())
     hits = [tokenize(c[s]) == tokenize(s) for c in captions.values() for s in sentences]

@@ -41,3 +41,4 @@ def test_export_writes_fp16_weights_bank_and_an_honest_card(tmp_path):
     assert "position_unigram_copy" in card and "Story Cloze" in card
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert f"Selected epoch {summary['best_epoch']}" in card
+    assert f"python -m world_model.training.export --run {tmp_path / 'run'} --out {out}" in card  # its own command

@@ -104,13 +104,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         RoundTripSettings,
         "pipeline.pack.round_trip",
         __doc__.split("\n\n")[0],
-        lambda s, _: round_trip_command(s),
+        round_trip_command,
         argv,
     )
 
 
-def round_trip_command(settings: RoundTripSettings) -> None:
-    """The command's work: render the sentences, caption the renders, print (and write) the scores."""
+def round_trip_command(settings: RoundTripSettings, command: str) -> None:
+    """The command's work: render the sentences, caption the renders, print the scores (and write them, with
+    `command`, this command's own line, to --json)."""
     if settings.json:
         check_writable(settings.json, "--json")
     sentences = [line.strip() for line in settings.sentences.read_text().splitlines() if line.strip()]
@@ -130,7 +131,7 @@ def round_trip_command(settings: RoundTripSettings) -> None:
         + ")"
     )
     if settings.json:
-        settings.json.write_text(json.dumps(result, indent=2) + "\n")
+        settings.json.write_text(json.dumps({**result, "command": command}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
     python -m world_model.training.export --run RUN_DIR --out world_model/pretrained/rocstories-cpu \
         --command "python -m world_model.training.train ..." [--data DIR]
 
-The card records the data, the training command, the selected epoch and its validation L_S(4), token
+The card records the data, the training command and this export's own, the selected epoch and its validation L_S(4), token
 accuracy and perplexity, re-measured on the exported fp16 weights when --data is given; --data also writes
 the folder's sentence bank from the training stories (`world_model.generation.sentence_bank`), its default readout.
 """
@@ -28,7 +28,7 @@ from world_model.text.vocab import Vocabulary
 from world_model.utils.cli import check_writable, settings_main
 
 
-def model_card(config: dict, run: dict, metrics: dict, command: str, size_bytes: int) -> str:
+def model_card(config: dict, run: dict, metrics: dict, command: str, export_command: str, size_bytes: int) -> str:
     history = run.get("history", [])
     training = run.get("config", {}).get("training", {})
     variants = [name for name in ("temporal_causal", "copy_path") if config.get(name)]
@@ -57,6 +57,11 @@ def model_card(config: dict, run: dict, metrics: dict, command: str, size_bytes:
         f"(stopped by: {run.get('stop_reason', 'unknown')}); "
         + (", ".join(f"{k} {v}" for k, v in training.items()) if training else "training settings: see the command")
         + ".",
+        "",
+        "Exported with:",
+        "```",
+        export_command,
+        "```",
         "",
         "## Validation (3,742 cloze stories, measured on the exported fp16 weights)",
         "| L_S(4) | token accuracy | perplexity | window loss S(1..4) |",
@@ -131,13 +136,12 @@ class ExportSettings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return settings_main(
-        ExportSettings, "world_model.training.export", __doc__.split("\n\n")[0], lambda s, _: export(s), argv
-    )
+    return settings_main(ExportSettings, "world_model.training.export", __doc__.split("\n\n")[0], export, argv)
 
 
-def export(settings: ExportSettings) -> None:
-    """The command's work: write the run's best epoch to --out in fp16, with its model card."""
+def export(settings: ExportSettings, command: str) -> None:
+    """The command's work (`command`, this export's own command line): write the run's best epoch to --out in
+    fp16, with its model card."""
     check_writable(settings.out)
     model = load_model(settings.run / "best")
     vocab = Vocabulary.load(settings.run / "best")
@@ -158,7 +162,9 @@ def export(settings: ExportSettings) -> None:
         }
     metrics["parameters"] = count_parameters(model)
     size = (settings.out / "model.safetensors").stat().st_size
-    (settings.out / "README.md").write_text(model_card(model.config.to_dict(), run, metrics, settings.command, size))
+    (settings.out / "README.md").write_text(
+        model_card(model.config.to_dict(), run, metrics, settings.command, command, size)
+    )
     print(
         f"exported epoch {best_epoch} to {settings.out} ({size / 1e6:.1f} MB): L_S(4) {metrics['val_last_ce']:.4f}, "
         f"accuracy {metrics['val_token_accuracy']:.4f}, perplexity {metrics['val_perplexity']:.1f}"
