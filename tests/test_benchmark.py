@@ -907,3 +907,30 @@ def test_rows_flag_trains_only_the_named_rows_and_rejects_unknown_ones(data_dir,
     ):
         with pytest.raises(BenchmarkError, match=re.escape(message)):
             bench.run_benchmark(bench.BenchmarkSettings(preset, data_dir, tmp_path / "other", progress=False, rows=bad))
+
+
+def test_pareto_labels_stay_inside_the_axes_and_clear_of_each_other_and_of_the_points():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    # The converged attention benchmark's crowd: six baseline rows within 3x in parameters and 0.1 nats.
+    xy = [(6784, 6.17), (13264, 6.11), (20544, 6.12), (45056, 6.14), (66624, 6.15), (81920, 6.16), (81920, 6.07)]
+    xy += [(98304, 6.14), (131072, 6.11), (393280, 6.28), (39552, 5.94), (69600, 5.82), (182400, 5.78)]
+    labels = [(f"attention form number {i}", p) for i, p in enumerate(xy)]
+    fig = Figure(figsize=(7, 5))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    ax.plot(*zip(*xy), linestyle="", marker="s")
+    ax.set_xscale("log")
+    fig.tight_layout()
+    attention_report.place_labels(ax, labels)
+
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    assert [t.get_text() for t in ax.texts] == [text for text, _ in labels]  # one label a point, none left over
+    frame = ax.get_window_extent(renderer)
+    assert all(frame.x0 <= b.x0 and b.x1 <= frame.x1 and frame.y0 <= b.y0 and b.y1 <= frame.y1 for b in boxes)
+    assert not any(attention_report._overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+    points = [ax.transData.transform(p) for p in xy]
+    for i, box in enumerate(boxes):  # no label covers another point
+        assert not any(box.x0 < x < box.x1 and box.y0 < y < box.y1 for j, (x, y) in enumerate(points) if j != i)

@@ -25,6 +25,9 @@ KIND_LABELS = {
     "tucker": "Tucker",
 }
 FLOOR_STYLES = (":", "--", "-.", (0, (5, 1, 1, 1, 1, 1)))
+# Where a point's label may go, in points from the point (x, y), in the order tried: beside it, then further out.
+LABEL_OFFSETS = tuple((dx, dy) for dy in (5, -11, 15, -21, 25, -31) for dx in (5, -6))
+MARKER_HALF_WIDTH = 6  # display pixels either side of a point that no other point's label may cover
 
 
 def _fmt(value, spec: str) -> str:
@@ -181,22 +184,27 @@ def plot_pareto(results: dict, path: Path) -> None:
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, max(len(pairs), 1), squeeze=False)[0]
     floors = (results.get("floors") or {}).get("rows", [])
-    for ax, pair in zip(axes, pairs):
-        plot_pareto_panel(ax, pair, [r for r in rows if r["pair"] == pair], floors)
+    labels = [
+        plot_pareto_panel(ax, pair, [r for r in rows if r["pair"] == pair], floors) for ax, pair in zip(axes, pairs)
+    ]
     axes[-1].legend(handles=pareto_legend_handles(floors), fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.suptitle(f"L_S(4) against attention parameters (preset {results['preset']['name']}; bottom-left is best)")
     fig.tight_layout()
+    for ax, panel_labels in zip(axes, labels):
+        place_labels(ax, panel_labels)
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=100)
     os.replace(tmp, path)
 
 
-def plot_pareto_panel(ax: Any, pair: str, points: list[dict], floors: list[dict]) -> None:
-    """One pair's panel of plot_pareto: its attention rows with an L_S(4), their Pareto front and the floors."""
-    # Labels alternate above and below in order of parameters, and the rightmost point's reads leftwards, so that
-    # neighbours' labels do not overprint each other or run into the legend; the marker names the model type.
-    points = sorted(points, key=lambda r: r["attention_parameters"])
-    for i, r in enumerate(points):
+def plot_pareto_panel(ax: Any, pair: str, points: list[dict], floors: list[dict]) -> list[tuple[str, tuple]]:
+    """One pair's panel of plot_pareto: its attention rows with an L_S(4), their Pareto front and the floors.
+
+    Returns each point's label and position, (text, (attention parameters, L_S(4))), for `place_labels` once the
+    figure's layout is final; the marker names the model type, so a label names only the attention.
+    """
+    labels = []
+    for r in sorted(points, key=lambda r: r["attention_parameters"]):
         values = [v for v in r["val_last_ce_per_seed"] if v is not None]
         spread = (sum((v - r["val_last_ce"]) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0
         ax.errorbar(
@@ -211,15 +219,7 @@ def plot_pareto_panel(ax: Any, pair: str, points: list[dict], floors: list[dict]
             zorder=3,
         )
         text = r["attention"] + (" (reference)" if r["variant"] == REFERENCE else "")
-        last = i == len(points) - 1
-        ax.annotate(
-            text,
-            (r["attention_parameters"], r["val_last_ce"]),
-            textcoords="offset points",
-            xytext=(-6 if last else 5, 5 if i % 2 == 0 else -11),
-            ha="right" if last else "left",
-            fontsize=7,
-        )
+        labels.append((text, (r["attention_parameters"], r["val_last_ce"])))
     front = sorted((r["attention_parameters"], r["val_last_ce"]) for r in points if r.get("pareto"))
     if front:
         ax.step(
@@ -238,6 +238,47 @@ def plot_pareto_panel(ax: Any, pair: str, points: list[dict], floors: list[dict]
     ax.set_ylabel("validation $L_{S(4)}$ (nats / token, lower is better)")
     ax.set_title(f"{pair}")
     ax.grid(alpha=0.3, which="both")
+    return labels
+
+
+def place_labels(ax: Any, labels: list[tuple[str, tuple]]) -> None:
+    """Annotate each (text, (x, y)) of `labels` at the first of LABEL_OFFSETS where its text stays inside the axes
+    and clear of the other points and of the labels placed before it; where no offset is clear, at the one that
+    overlaps least. Call once the axes' limits and the figure's layout are final (positions are in display pixels)."""
+    from matplotlib.transforms import Bbox
+
+    renderer = ax.figure.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    centres = [ax.transData.transform(xy) for _, xy in labels]
+    markers = [
+        Bbox.from_extents(x - MARKER_HALF_WIDTH, y - MARKER_HALF_WIDTH, x + MARKER_HALF_WIDTH, y + MARKER_HALF_WIDTH)
+        for x, y in centres
+    ]
+    placed = []
+    for i, (text, xy) in enumerate(labels):
+        obstacles = placed + markers[:i] + markers[i + 1 :]
+        best = None
+        for dx, dy in LABEL_OFFSETS:
+            note = ax.annotate(
+                text, xy, textcoords="offset points", xytext=(dx, dy), ha="left" if dx > 0 else "right", fontsize=7
+            )
+            box = note.get_window_extent(renderer)
+            outside = box.width * box.height - _overlap(box, frame)
+            cost = outside + sum(_overlap(box, other) for other in obstacles)
+            if best is None or cost < best[0]:
+                if best is not None:
+                    best[1].remove()
+                best = (cost, note, box)
+            else:
+                note.remove()
+            if cost == 0:
+                break
+        placed.append(best[2])
+
+
+def _overlap(a: Any, b: Any) -> float:
+    """The area two display boxes share (0 when they are apart)."""
+    return max(0.0, min(a.x1, b.x1) - max(a.x0, b.x0)) * max(0.0, min(a.y1, b.y1) - max(a.y0, b.y0))
 
 
 def pareto_legend_handles(floors: list[dict]) -> list:
