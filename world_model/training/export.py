@@ -3,9 +3,10 @@
     python -m world_model.training.export --run RUN_DIR --out world_model/pretrained/rocstories-cpu \
         --command "python -m world_model.training.train ..." [--data DIR]
 
-The card records the data, the training command and this export's own, the selected epoch and its validation L_S(4), token
-accuracy and perplexity, re-measured on the exported fp16 weights when --data is given; --data also writes
-the folder's sentence bank from the training stories (`world_model.generation.sentence_bank`), its default readout.
+The card records the data, the training command and this export's own, the selected epoch and its validation
+L_S(4), token accuracy and perplexity, re-measured on the exported fp16 weights when --data is given; --data also
+writes the folder's sentence bank from the training stories (`world_model.generation.sentence_bank`), its default
+readout.
 """
 
 from __future__ import annotations
