@@ -38,6 +38,12 @@ class Captioner(Protocol):
         ...
 
 
+def decoder_positions(model: PreTrainedModel) -> int | None:
+    """How many positions the model's text decoder has (None when its config does not say)."""
+    decoder = getattr(model.config, "decoder", None) or getattr(model.config, "text_config", None)
+    return getattr(decoder, "n_positions", None) or getattr(decoder, "max_position_embeddings", None)
+
+
 class HFCaptioner:
     """Batched greedy captioning with a Hugging Face image-to-text model.
 
@@ -62,7 +68,8 @@ class HFCaptioner:
         self.tokenizer = tokenizer
         self.name = name
         self.batch_size = batch_size
-        self.max_new_tokens = max_new_tokens
+        positions = decoder_positions(model)  # a caption never runs past the decoder's position table
+        self.max_new_tokens = max_new_tokens if positions is None else min(max_new_tokens, positions - 1)
 
     @classmethod
     def from_pretrained(

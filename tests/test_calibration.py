@@ -10,6 +10,7 @@ import torch
 from tests.model_factories import one_torch_thread
 from world_model.data.synthetic import generator
 from world_model.data.synthetic.episodes import episode_sentences, read_episodes
+from world_model.data.synthetic.scenes import FIRST_SCENE_TYPES
 from world_model.evaluation import calibration
 from world_model.evaluation.calibration import fit_temperature, metrics
 from world_model.generation.sentence_bank import resolve_readout
@@ -56,7 +57,7 @@ def test_fitted_temperature_undoes_overconfidence():
 def world(tmp_path_factory):
     """Two tiny splits of the synthetic world and a random 4-tensor predictor with their known sentences."""
     root = tmp_path_factory.mktemp("world")
-    small = {"seconds": 4, "size": 16}
+    small = {"seconds": 4, "size": 16, "scenes": FIRST_SCENE_TYPES}
     generator.generate(4, 1, root / "data", split="heldout", **small)
     generator.generate(4, 2, root / "data", split="train", **small)
     sentences = [

@@ -16,6 +16,7 @@ from world_model.models.registry import build_model, model_vocab_size
 from world_model.text.vocab import Vocabulary, tokenize
 
 OBSERVE, STEPS = 2, 3
+KINDS = scenes.FIRST_SCENE_TYPES
 
 
 def mixed_base_seed() -> int:
@@ -23,8 +24,8 @@ def mixed_base_seed() -> int:
     return next(
         s
         for s in range(100)
-        if {simulation.simulate(simulation.episode_seed(s, i, "heldout"), seconds=1).kind for i in range(3)}
-        == set(scenes.SCENE_TYPES)
+        if {simulation.simulate(simulation.episode_seed(s, i, "heldout"), KINDS, seconds=1).kind for i in range(3)}
+        == set(KINDS)
     )
 
 
@@ -34,7 +35,9 @@ def world(tmp_path_factory):
     from renderers.pixel_pipeline import PixelPipelineConfig, build_pixel_pipeline
 
     root = tmp_path_factory.mktemp("world")
-    generator.generate(3, mixed_base_seed(), root / "data", split="heldout", seconds=OBSERVE + STEPS, fps=6, size=48)
+    generator.generate(
+        3, mixed_base_seed(), root / "data", split="heldout", scenes=KINDS, seconds=OBSERVE + STEPS, fps=6, size=48
+    )
     split = root / "data" / "heldout"
     sentences = [
         s["text"] for line in (split / "episodes.jsonl").read_text().splitlines() for s in json.loads(line)["sentences"]
@@ -162,7 +165,7 @@ def test_full_loop_writes_consistent_results(world, tmp_path):
 
     md = (out / "results.md").read_text()
     assert results["command"] in md and results["command"].startswith("python -m pipeline.pack.evaluate_world --pack")
-    rows = 2 * (1 + len(scenes.SCENE_TYPES))
+    rows = 2 * (1 + len(KINDS))
     assert md.count("| 4-tensor |") == md.count("| copy-last |") == md.count("| 4-tensor, per-slot readout |") == rows
     assert "flat baseline, token readout" not in md and "![storyboard](storyboard.png)" in md
     assert len(results["storyboard"]) == 2
@@ -266,11 +269,11 @@ def test_renderer_round_trip_command_scores_every_render(world, tmp_path, capsys
     hits = [tokenize(c[s]) == tokenize(s) for c in captions.values() for s in sentences]
     assert result["overall"]["strips"] == 2 * len(sentences)
     assert result["overall"]["overall"] == pytest.approx(np.mean(hits), abs=1e-4)
-    assert set(result["overall"]["per_scene"]) == {rt.scene_of(s) for s in sentences} <= set(scenes.SCENE_TYPES)
+    assert set(result["overall"]["per_scene"]) == {scenes.scene_of(s) for s in sentences} <= set(KINDS)
     assert f"over {2 * len(sentences)} renders" in capsys.readouterr().out
     assert result["solver"] == "sde-dpmsolver++"  # the pipeline's own
     with one_torch_thread():
         assert rt.main(argv[:-1] + [str(tmp_path / "ode.json"), "--seeds", "0", "--solver", "dpmsolver++"]) == 0
     assert json.loads((tmp_path / "ode.json").read_text())["solver"] == "dpmsolver++"
-    assert rt.scene_of("a person walks into the elevator on floor two.") == "elevator"
+    assert scenes.scene_of("a person walks into the elevator on floor two.") == "elevator"
     assert rt.main(argv[:4] + ["--sentences", str(tmp_path / "missing.txt")]) == 2

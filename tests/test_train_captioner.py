@@ -19,6 +19,7 @@ from pipeline.pack.train_captioner import (
 )
 from tests.model_factories import one_torch_thread
 from world_model.data.synthetic.generator import generate
+from world_model.data.synthetic.scenes import FIRST_SCENE_TYPES
 from world_model.data.synthetic.simulation import STRIP_SIZE
 from world_model.text.vocab import tokenize
 from world_model.text.word_tokenizer import build_word_tokenizer
@@ -69,8 +70,8 @@ def _single_thread():
 def world(tmp_path_factory):
     """Two training episodes (one becomes validation) and one held-out episode, 3 seconds of 48 x 48 frames."""
     root = tmp_path_factory.mktemp("world")
-    generate(2, 0, root, split="train", seconds=3, size=48)
-    generate(1, 0, root, split="heldout", seconds=3, size=48)
+    generate(2, 0, root, split="train", scenes=FIRST_SCENE_TYPES, seconds=3, size=48)
+    generate(1, 0, root, split="heldout", scenes=FIRST_SCENE_TYPES, seconds=3, size=48)
     return root
 
 
@@ -98,6 +99,8 @@ def test_training_run_saves_a_captioner_that_hfcaptioner_loads(world, tmp_path):
     captions = captioner(list(heldout.images))
     assert len(captions) == len(heldout) and all(isinstance(c, str) for c in captions)
     assert captioner.model.config.decoder_start_token_id == captioner.tokenizer.bos_token_id
+    # an untrained decoder that never ends its caption stops at its position table, not past it
+    assert captioner.max_new_tokens == captioner.model.config.decoder.n_positions - 1 < 30
     assert captioner.model.generation_config.eos_token_id == captioner.tokenizer.eos_token_id
     assert sorted(p.name for p in out.iterdir()) == [BEST_DIR, METRICS_FILE], "a temporary folder was left"
 

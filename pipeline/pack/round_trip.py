@@ -26,16 +26,10 @@ from pipeline.pack.world_loop import accuracy_by_scene, render_all, round_trip
 from pipeline.presets import load_preset
 from renderers.pixel_pipeline import SOLVERS, set_solver
 from renderers.text_to_image import DiffusersRenderer
-from world_model.data.synthetic.scenes import SCENE_TYPES
+from world_model.data.synthetic.scenes import scene_of
 from world_model.utils.cli import check_writable, settings_main
 
 PIPELINE_CLASS = "renderers.pixel_pipeline:PixelTextToImagePipeline"
-
-
-def scene_of(sentence: str) -> str:
-    """The synthetic-world scene type a sentence speaks of (the first scene word in it), else "other"."""
-    words = sentence.lower().replace(".", " ").split()
-    return next((kind for kind in SCENE_TYPES if kind in words), "other")
 
 
 def renderer_round_trip(

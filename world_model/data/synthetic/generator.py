@@ -1,11 +1,12 @@
 """Writing the synthetic world to disk: seeded episodes as MP4 clips with their sentences and ceilings.
 
     python -m world_model.data.synthetic.generator generate --episodes N --seed S --out DIR [--split train|heldout]
-                                                       [--scenes ball,box,elevator] [--seconds 8] [--fps 12] [--size 96]
+                                                       [--scenes ball,box,...] [--seconds 14] [--fps 12] [--size 96]
 
 Output of ``generate``: ``DIR/<split>/episode_00000.mp4`` (H.264, ``fps`` frames a second),
 ``DIR/<split>/episodes.jsonl`` (one record per episode, byte-identical for the same arguments) and
-``DIR/<split>/summary.json`` (counts per scene type, sentence vocabulary, ceiling).
+``DIR/<split>/summary.json`` (counts per scene type, sentence vocabulary, the one-step ceilings from the full state
+and from the sentences alone, ``world_model.data.synthetic.ceilings``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from world_model.data.synthetic.ceilings import ceiling
+from world_model.data.synthetic.ceilings import ceiling, sentence_ceiling
 from world_model.data.synthetic.scenes import SCENE_TYPES
 from world_model.data.synthetic.simulation import (
     DEFAULT_FPS,
@@ -59,7 +60,8 @@ def _write_episodes(
 def _summary(
     records: list[dict], seed: int, split: str, scenes: Sequence[str], seconds: int, fps: int, size: int
 ) -> dict:
-    """The split's summary.json: its arguments, episodes per scene type, sentence vocabulary and ceiling."""
+    """The split's summary.json: its arguments, episodes per scene type, sentence vocabulary and the one-step
+    ceilings (from the full state, and from the sentences alone)."""
     counts = {k: 0 for k in scenes}
     for record in records:
         counts[record["scene"]] += 1
@@ -78,6 +80,7 @@ def _summary(
         "distinct_sentences": len(set(sentences)),
         "max_tokens": max(len(tokenize(s)) for s in sentences),
         "ceiling": ceiling(records),
+        "ceiling_from_sentences": sentence_ceiling(records, scenes),
     }
 
 
@@ -156,11 +159,12 @@ def generate_command(settings: GenerateSettings) -> None:
         settings.size,
         settings.overwrite,
     )
-    c = summary["ceiling"]
-    per = ", ".join(f"{k} {v:.4f}" for k, v in c["per_scene"].items())
+    full, said = summary["ceiling"], summary["ceiling_from_sentences"]
+    per = ", ".join(f"{k} {v:.3f}/{said['per_scene'][k]:.3f}" for k, v in full["per_scene"].items())
     print(
         f"wrote {summary['episodes']} {settings.split} episodes to {settings.out / settings.split}: "
-        f"{summary['counts']}; ceiling {c['overall']:.4f} ({per})"
+        f"{summary['counts']}; one-step ceiling from the full state / from the sentences "
+        f"{full['overall']:.3f}/{said['overall']:.3f} ({per})"
     )
 
 

@@ -18,11 +18,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from world_model.data.synthetic.scenes import SCENE_TYPES, SCENES, Scene
+from world_model.data.synthetic.scenes import SCENE_TYPES, SCENES, Scene, make_scene
 
 SPLITS = ("train", "heldout")
 MAX_EPISODES = 1_000_000  # per base seed; keeps the episode seed streams of different base seeds apart
-DEFAULT_SECONDS = 8
+DEFAULT_SECONDS = 14  # long enough that a sentence can depend on one ten seconds before it (scenes)
 DEFAULT_FPS = 12
 DEFAULT_SIZE = 96
 # How the offline pack sees one second of a clip: STATE_FRAMES frames of it (first, middle, last) tiled left to right
@@ -134,7 +134,7 @@ def simulate(
         raise ValueError(f"need seconds >= 1 and fps >= 1; got {seconds}, {fps}")
     rng = np.random.default_rng(ep_seed)
     kind = scenes[int(rng.integers(len(scenes)))]
-    episode = run_scene(SCENES[kind](rng, fps), seconds, sampler(rng))
+    episode = run_scene(make_scene(kind, rng, fps), seconds, sampler(rng))
     episode.seed = ep_seed
     return episode
 
@@ -150,7 +150,7 @@ def replay(
     if seconds < 0:
         raise ValueError(f"need seconds >= 0, got {seconds}")
     rng = np.random.default_rng(ep_seed)
-    scene = SCENES[scenes[int(rng.integers(len(scenes)))]](rng, fps)
+    scene = make_scene(scenes[int(rng.integers(len(scenes)))], rng, fps)
     pick = sampler(rng)
     sentences = []
     for _ in range(seconds):

@@ -1,59 +1,52 @@
-"""The synthetic world's scene types: small state machines whose physics is integrated at the video frame rate.
+"""The first three scenes: a dropped ball, a pushed box and an elevator.
 
 * ``ball``: a ball dropped from rest falls under gravity, bounces off the floor with restitution
   ``BALL_RESTITUTION`` (each bounce lower than the one before) and comes to rest once its rebound
-  speed drops below ``BALL_REST_SPEED``. Deterministic.
+  speed drops below ``BALL_REST_SPEED``. Latents: colour, size, drop height (``BALL_DROPS``).
 * ``box``: a box pushed toward a wall slides with constant friction, hits the wall (inelastically)
-  and stays there. Deterministic.
+  and stays there. Latents: colour, size, the time it takes to reach the wall (``BOX_HIT_TIMES``).
 * ``elevator``: a car in a four-floor shaft opens its doors, lets a person walk in or out (or nobody
   moves), closes its doors, is called to another floor and moves one floor per second until it
-  stops there. Stochastic: who boards (``P_ENTER``, ``P_LEAVE``) and which floor calls next
-  (``CALL_WEIGHTS``).
+  stops there. Latents: start floor, whether someone is inside. Outcomes: who boards (``P_ENTER``,
+  ``P_LEAVE``) and which floor calls next (``CALL_WEIGHTS``).
 
-Colour and size (named in the sentences, as a viewer sees them), horizontal position, drop height,
-push speed, start floor and the person's colour (not named) are distractors drawn per episode when a
-scene is built (``SCENES[kind](rng, fps)``). Every second is described by exactly one canonical
-sentence from a fixed template (at most ``MAX_TOKENS`` tokens of ``world_model.text.vocab``, ending with ".").
-A scene draws an ``(size, size, 3)`` uint8 RGB image of any snapshot it returned.
+Distractors: the ball's horizontal position, the box's start position (its push speed follows), the
+passenger's shirt.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 import cv2
 import numpy as np
 
-SCENE_TYPES = ("ball", "box", "elevator")
-MAX_TOKENS = 16  # longest sentence of any scene, in tokens
-
-WORLD = 4.0  # the square world is WORLD x WORLD units; y = 0 is the floor
-FLOOR_PX = 8  # floor band at the bottom of the image, in pixels
-
-COLOURS = {  # RGB
-    "red": (220, 40, 40),
-    "green": (40, 170, 60),
-    "blue": (40, 80, 220),
-    "yellow": (230, 200, 30),
-    "purple": (150, 60, 190),
-    "orange": (240, 130, 30),
-}
-BACKGROUND = (235, 235, 235)
-FLOOR_COLOUR = (90, 90, 90)
-WALL_COLOUR = (60, 60, 60)
+from world_model.data.synthetic.scenes.base import (
+    COLOURS,
+    FLOOR_COLOUR,
+    SIZES,
+    WALL_COLOUR,
+    Distribution,
+    Scene,
+    canvas,
+    floor_px,
+    px_scale,
+    smooth,
+    uniform,
+)
 
 GRAVITY = 4.0  # units / s^2 (slow, so a fall spans a second or more)
 BALL_RESTITUTION = 0.7
 BALL_REST_SPEED = 0.5  # rebound speed below which the ball stays on the floor
 BALL_RADIUS = {"small": 0.12, "large": 0.22}
-BALL_DROP = (2.1, 2.8)  # drop heights (of the ball's bottom): the first second is always a fall
+BALL_DROPS = (2.15, 2.35, 2.55, 2.75)  # drop heights (of the ball's bottom): the first second is always a fall
+BALL_X = (0.6, 3.4)  # the ball's horizontal position (a distractor)
 
 BOX_FRICTION = 0.25  # deceleration, units / s^2
-BOX_HIT_TIME = (1.3, 3.6)  # seconds from the push to the wall (the push speed follows from it)
+BOX_HIT_TIMES = (1.4, 1.8, 2.2, 2.6, 3.1, 3.4)  # seconds from the push to the wall (none on a frame at 4 or 12 fps)
 BOX_SIDE = {"small": 0.45, "large": 0.75}
 BOX_WALL_X = 3.5  # left face of the wall
-BOX_START = (0.15, 0.8)
+BOX_START = (0.15, 0.8)  # the box's start position (a distractor: the push speed makes the hit time the same)
 
 FLOOR_NAMES = {1: "one", 2: "two", 3: "three", 4: "four"}
 P_ENTER = 0.5  # an empty car at open doors: a person walks in
@@ -61,53 +54,9 @@ P_LEAVE = 0.7  # an occupied car at open doors: the person walks out
 CALL_WEIGHTS = {1: 2.0, 2: 1.0, 3: 1.0, 4: 1.0}  # next call, among the floors other than the current one
 
 
-def _smooth(s: float) -> float:
-    """Smoothstep of ``s`` clipped to [0, 1]: eases the doors and the car in and out."""
-    s = min(max(s, 0.0), 1.0)
-    return s * s * (3 - 2 * s)
-
-
-class Scene:
-    """One scene's state. ``choices()`` lists the outcomes of the draw made at the start of the
-    next second as ``(probability, outcome)``; ``advance(outcome)`` integrates that second at
-    ``fps`` and returns its sentence and one snapshot (a dict) per frame; ``draw`` renders a
-    snapshot as a ``(size, size, 3)`` uint8 RGB image. Everything but the draw is deterministic."""
-
-    kind = ""
-
-    def __init__(self, fps: int):
-        self.fps = fps
-        self.second = 0
-
-    def choices(self) -> list[tuple[float, object]]:
-        return [(1.0, None)]
-
-    def advance(self, outcome: object) -> tuple[str, list[dict]]:
-        raise NotImplementedError
-
-    def attributes(self) -> dict:
-        raise NotImplementedError
-
-    def draw(self, snap: dict, size: int) -> np.ndarray:
-        raise NotImplementedError
-
-
-def _canvas(size: int) -> np.ndarray:
-    image = np.empty((size, size, 3), np.uint8)
-    image[:] = BACKGROUND
-    image[size - FLOOR_PX :] = FLOOR_COLOUR
-    return image
-
-
-def _px_scale(size: int) -> float:
-    return (size - FLOOR_PX) / WORLD
-
-
-def ball_center_px(x: float, y: float, radius: float, size: int) -> tuple[float, float]:
-    """(column, row) of the centre of a ball whose bottom is at height ``y``, in pixel-centre
-    coordinates (the floor band's top edge lies at row ``size - FLOOR_PX - 0.5``)."""
-    s = _px_scale(size)
-    return x * s, size - FLOOR_PX - 0.5 - (y + radius) * s
+def appearance() -> dict[str, Distribution]:
+    """The latents every named object has: its colour and its size word."""
+    return {"colour": uniform(list(COLOURS)), "size": uniform(SIZES)}
 
 
 class BallScene(Scene):
@@ -115,13 +64,15 @@ class BallScene(Scene):
 
     kind = "ball"
 
-    def __init__(self, rng: np.random.Generator, fps: int):
+    @classmethod
+    def latents(cls) -> dict[str, Distribution]:
+        return {**appearance(), "drop": uniform(BALL_DROPS)}
+
+    def __init__(self, fps: int, latents: dict, rng: np.random.Generator | None = None):
         super().__init__(fps)
-        self.colour = str(rng.choice(list(COLOURS)))
-        self.size_word = str(rng.choice(list(BALL_RADIUS)))
+        self.colour, self.size_word, self.drop = latents["colour"], latents["size"], latents["drop"]
         self.radius = BALL_RADIUS[self.size_word]
-        self.x = float(rng.uniform(0.6, 3.4))
-        self.drop = float(rng.uniform(*BALL_DROP))
+        self.x = float(rng.uniform(*BALL_X)) if rng is not None else sum(BALL_X) / 2
         self.y, self.v, self.t = self.drop, 0.0, 0.0
         self.resting = False
         self.impacts: list[tuple[float, float]] = []  # (time, rebound speed)
@@ -172,11 +123,11 @@ class BallScene(Scene):
         return text, snaps
 
     def draw(self, snap: dict, size: int) -> np.ndarray:
-        image = _canvas(size)
-        cx, cy = ball_center_px(snap["x"], snap["y"], self.radius, size)
-        r = self.radius * _px_scale(size)
+        image = canvas(size)
+        s = px_scale(size)
+        cx, cy = snap["x"] * s, size - floor_px(size) - 0.5 - (snap["y"] + self.radius) * s
         rows, cols = np.ogrid[:size, :size]
-        image[(rows - cy) ** 2 + (cols - cx) ** 2 <= r * r] = COLOURS[self.colour]  # pixel centres inside the disc
+        image[(rows - cy) ** 2 + (cols - cx) ** 2 <= (self.radius * s) ** 2] = COLOURS[self.colour]
         return image
 
 
@@ -185,15 +136,17 @@ class BoxScene(Scene):
 
     kind = "box"
 
-    def __init__(self, rng: np.random.Generator, fps: int):
+    @classmethod
+    def latents(cls) -> dict[str, Distribution]:
+        return {**appearance(), "hit": uniform(BOX_HIT_TIMES)}
+
+    def __init__(self, fps: int, latents: dict, rng: np.random.Generator | None = None):
         super().__init__(fps)
-        self.colour = str(rng.choice(list(COLOURS)))
-        self.size_word = str(rng.choice(list(BOX_SIDE)))
+        self.colour, self.size_word, self.hit = latents["colour"], latents["size"], latents["hit"]
         self.side = BOX_SIDE[self.size_word]
-        self.x = float(rng.uniform(*BOX_START))  # left face
+        self.x = float(rng.uniform(*BOX_START)) if rng is not None else sum(BOX_START) / 2  # left face
         gap = BOX_WALL_X - self.x - self.side
-        hit = float(rng.uniform(*BOX_HIT_TIME))  # gap = v t - a t^2 / 2 at t = hit, still moving then
-        self.v = self.push = gap / hit + BOX_FRICTION * hit / 2
+        self.v = self.push = gap / self.hit + BOX_FRICTION * self.hit / 2  # gap = v t - a t^2 / 2 at t = hit
         self.start = self.x
         self.stopped = False
         self.hit_time: float | None = None
@@ -236,9 +189,8 @@ class BoxScene(Scene):
         return text, snaps
 
     def draw(self, snap: dict, size: int) -> np.ndarray:
-        image = _canvas(size)
-        s = _px_scale(size)
-        floor = size - FLOOR_PX
+        image = canvas(size)
+        s, floor = px_scale(size), size - floor_px(size)
         image[int(floor - 3.2 * s) : floor, round(BOX_WALL_X * s) : round((BOX_WALL_X + 0.2) * s)] = WALL_COLOUR
         left, right = snap["x"] * s, (snap["x"] + self.side) * s
         cv2.rectangle(
@@ -259,12 +211,16 @@ class ElevatorScene(Scene):
 
     kind = "elevator"
 
-    def __init__(self, rng: np.random.Generator, fps: int):
+    @classmethod
+    def latents(cls) -> dict[str, Distribution]:
+        return {"floor": uniform([1, 2, 3, 4]), "occupied": uniform([False, True])}
+
+    def __init__(self, fps: int, latents: dict, rng: np.random.Generator | None = None):
         super().__init__(fps)
-        self.floor = int(rng.integers(1, 5))
+        self.floor = latents["floor"]
         self.pos = float(self.floor)
-        self.occupied = bool(rng.random() < 0.5)
-        self.shirt = str(rng.choice(list(COLOURS)))
+        self.occupied = latents["occupied"]
+        self.shirt = str(rng.choice(list(COLOURS))) if rng is not None else "blue"
         self.phase = "open"
         self.doors = 0.0  # 0 closed, 1 open
         self.target: int | None = None
@@ -273,7 +229,7 @@ class ElevatorScene(Scene):
     def attributes(self) -> dict:
         return {"start_floor": self.start_floor, "start_occupied": self.start_occupied, "shirt": self.shirt}
 
-    def choices(self) -> list[tuple[float, object]]:
+    def choices(self) -> Distribution:
         if self.phase == "board":
             p = P_LEAVE if self.occupied else P_ENTER
             return [(p, "leave" if self.occupied else "enter"), (round(1 - p, 12), "stay")]
@@ -292,7 +248,7 @@ class ElevatorScene(Scene):
         snaps = []
         if self.phase == "open":
             for k in range(n):
-                self.doors = _smooth(k / n)
+                self.doors = smooth(k / n)
                 snaps.append(self._snap(0.0 if self.occupied else None))
             self.doors, self.phase = 1.0, "board"
             text = (
@@ -302,7 +258,7 @@ class ElevatorScene(Scene):
             )
         elif self.phase == "board":
             for k in range(n):
-                s = _smooth(k / n)
+                s = smooth(k / n)
                 person = {"enter": 1.0 - s, "leave": s}.get(outcome, 0.0 if self.occupied else None)
                 snaps.append(self._snap(person))
             if outcome == "enter":
@@ -316,7 +272,7 @@ class ElevatorScene(Scene):
             self.phase = "close"
         elif self.phase == "close":
             for k in range(n):
-                self.doors = 1.0 - _smooth(k / n)
+                self.doors = 1.0 - smooth(k / n)
                 snaps.append(self._snap(0.0 if self.occupied else None))
             self.doors, self.phase = 0.0, "move"
             text = f"the elevator closes its doors on floor {here}."
@@ -325,7 +281,7 @@ class ElevatorScene(Scene):
                 self.target = int(outcome)
             step = 1 if self.target > self.floor else -1
             for k in range(n):
-                self.pos = self.floor + step * _smooth(k / n)
+                self.pos = self.floor + step * smooth(k / n)
                 snaps.append(self._snap(0.0 if self.occupied else None))
             self.floor += step
             self.pos = float(self.floor)
@@ -339,15 +295,16 @@ class ElevatorScene(Scene):
         return text, snaps
 
     def draw(self, snap: dict, size: int) -> np.ndarray:
-        image = _canvas(size)
-        storey = (size - FLOOR_PX) / 4
-        floor_row = lambda f: size - FLOOR_PX - (f - 1) * storey  # bottom row of floor f  # noqa: E731
+        image = canvas(size)
+        base = size - floor_px(size)
+        storey = base / 4
+        floor_row = lambda f: base - (f - 1) * storey  # bottom row of floor f  # noqa: E731
         shaft_l, shaft_r = round(0.36 * size), round(0.64 * size)
-        image[: size - FLOOR_PX, shaft_l:shaft_r] = (200, 200, 200)
+        image[:base, shaft_l:shaft_r] = (200, 200, 200)
         for f in range(2, 5):  # landings
             row = round(floor_row(f))
             image[row - 1 : row + 1] = FLOOR_COLOUR
-        image[: size - FLOOR_PX, shaft_l:shaft_r][:, [0, -1]] = WALL_COLOUR
+        image[:base, shaft_l:shaft_r][:, [0, -1]] = WALL_COLOUR
         if snap["target"] is not None:  # the lit call lamp beside the shaft
             row = floor_row(snap["target"]) - storey / 2
             cv2.circle(image, (round(0.3 * size), round(row)), max(2, size // 32), (250, 200, 0), -1)
@@ -368,10 +325,3 @@ class ElevatorScene(Scene):
             image[round(top) : round(bottom) - 1, car_l : car_l + round(half)] = (120, 130, 140)
             image[round(top) : round(bottom) - 1, car_r + 1 - round(half) : car_r + 1] = (120, 130, 140)
         return image
-
-
-SCENES: dict[str, Callable[[np.random.Generator, int], Scene]] = {
-    "ball": BallScene,
-    "box": BoxScene,
-    "elevator": ElevatorScene,
-}

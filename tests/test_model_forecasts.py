@@ -1,0 +1,66 @@
+"""A predictor's k-step forecasts over known sentences: the one-step distribution is its closed-set readout, and the
+k-step marginals are that distribution pushed forward."""
+
+import pytest
+import torch
+
+from world_model.evaluation import model_forecasts
+from world_model.evaluation.world_scores import Point
+from world_model.models.registry import build_model, model_vocab_size
+from world_model.text.vocab import PAD_ID, Vocabulary
+
+SENTENCES = ["the ball falls.", "the ball bounces.", "the ball rests.", "the box slides."]
+TINY = {"d_x": 4, "d_t": 2, "n_heads": 2, "n_layers": 1, "n_tokens": 5, "n_states": 3}
+
+
+def setup(model_type):
+    vocab = Vocabulary.build(SENTENCES)
+    torch.manual_seed(3)
+    model = build_model({"type": model_type, **TINY}, model_vocab_size(model_type, vocab)).eval()
+    candidates = vocab.encode_batch(SENTENCES, TINY["n_tokens"])
+    points = [
+        Point({"id": "a", "scene": "ball"}, ["the ball falls."], ["the ball bounces.", "the ball rests."]),
+        Point({"id": "b", "scene": "ball"}, SENTENCES[:3], ["the box slides.", "never said."]),
+    ]
+    return model, vocab, candidates, points
+
+
+def distribution(model, vocab, candidates, sentences):
+    """softmax of the closed-set scores after ``sentences`` (the last T of them, left-padded)."""
+    rows = vocab.encode_batch(sentences[-TINY["n_states"] :], TINY["n_tokens"])
+    window = torch.cat([rows.new_full((TINY["n_states"] - len(rows), TINY["n_tokens"]), PAD_ID), rows])
+    return model_forecasts.candidate_scores(model, window[None], candidates)[0].double().softmax(-1)
+
+
+@pytest.mark.parametrize("model_type", ["four_tensor", "baseline"])
+def test_marginals_are_the_one_step_readout_pushed_forward(model_type, monkeypatch):
+    model, vocab, candidates, points = setup(model_type)
+    known = model_forecasts.known_sentences(candidates, vocab)
+    assert known == SENTENCES
+    monkeypatch.setattr(model_forecasts, "EXPAND_MIN", 0.0)  # follow every branch: the marginals are exact
+    monkeypatch.setattr(model_forecasts, "BEAM", 100)
+    forecasts = model_forecasts.k_step_forecasts(model, vocab, candidates, points, 2, batch_size=3)
+    for point, forecast in zip(points, forecasts):
+        one = distribution(model, vocab, candidates, point.observed)
+        two = sum(one[j] * distribution(model, vocab, candidates, point.observed + [s]) for j, s in enumerate(known))
+        for k, marginal in enumerate((one, two)):
+            best = int(marginal.argmax())
+            assert forecast.predicted[k] == known[best]
+            assert forecast.confidence[k] == pytest.approx(float(marginal[best]))
+            truth = point.future[k]
+            expected = float(marginal[known.index(truth)]) if truth in known else 0.0
+            assert forecast.truth_prob[k] == pytest.approx(expected)
+        assert sum(two) == pytest.approx(1.0)
+    cold = model_forecasts.k_step_forecasts(model, vocab, candidates, points, 1, temperature=100.0)
+    assert cold[0].confidence[0] < forecasts[0].confidence[0] + 1e-9 and cold[0].confidence[0] < 0.3
+
+
+def test_contexts_replace_the_observed_sentences_and_must_match_the_points():
+    model, vocab, candidates, points = setup("four_tensor")
+    as_said = model_forecasts.k_step_forecasts(model, vocab, candidates, points, 1)
+    swapped = model_forecasts.k_step_forecasts(model, vocab, candidates, points, 1, contexts=[SENTENCES[:3], ["x."]])
+    assert swapped[0].confidence == as_said[1].confidence
+    with pytest.raises(ValueError, match="contexts"):
+        model_forecasts.k_step_forecasts(model, vocab, candidates, points, 1, contexts=[["x."]])
+    with pytest.raises(ValueError, match="steps"):
+        model_forecasts.k_step_forecasts(model, vocab, candidates, points, 0)

@@ -1,0 +1,114 @@
+"""A predictor's forecasts k seconds ahead over a synthetic world's known sentences.
+
+At a window of past sentences, a predictor with known sentences (C of them) gives each a score: the 4-tensor model
+the summed per-slot log-probability of its tokens off the last slice, the flat baseline its teacher-forced
+log-likelihood (``world_model.models.decoding``, the closed-set readout a rollout uses). ``softmax(score / tau)`` is
+its distribution of the next sentence (``tau`` the folder's confidence temperature, 1 without one).
+
+Its distribution k sentences ahead is the marginal of that one-step distribution pushed forward: every history the
+predictor continues with probability at least ``EXPAND_MIN`` is followed, and the ``BEAM`` likeliest histories of
+each point are kept after each step (renormalised), as ``world_model.evaluation.floors.markov`` does for the count
+floors. The forecast at each k is that marginal's likeliest sentence, its probability, and the probability of the
+truth, so accuracy, log-loss and calibration are read off the same distribution as the ceilings'.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from world_model.evaluation.world_scores import Forecast, Point
+from world_model.models.decoding import slot_log_likelihood
+from world_model.text.vocab import PAD_ID, Vocabulary
+from world_model.text.windows import decode_states
+from world_model.utils.eval_mode import eval_mode
+
+EXPAND_MIN = 1e-3
+BEAM = 16
+
+
+@torch.no_grad()
+def candidate_scores(model: nn.Module, windows: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """Each candidate's closed-set score as the next sentence: windows (B, T, N), candidates (C, N) -> (B, C)."""
+    if hasattr(model, "score_sentences"):  # the flat baseline: teacher-forced log-likelihood
+        return model.score_sentences(windows, candidates).float()
+    logits = model.readout_logits(model.last_slice_logits(windows))  # the 4-tensor model's last slice
+    return slot_log_likelihood(logits.log_softmax(dim=-1), candidates, PAD_ID)
+
+
+def known_sentences(candidates: torch.Tensor, vocab: Vocabulary) -> list[str]:
+    """The sentences of the candidate rows (C, N), in row order."""
+    return decode_states(candidates, vocab)
+
+
+@torch.no_grad()
+def k_step_forecasts(
+    model: nn.Module,
+    vocab: Vocabulary,
+    candidates: torch.Tensor,
+    points: Sequence[Point],
+    steps: int,
+    contexts: Sequence[Sequence[str]] | None = None,
+    temperature: float = 1.0,
+    batch_size: int = 256,
+    progress: bool = False,
+) -> list[Forecast]:
+    """The predictor's forecasts at every point, k = 1..steps, from each point's observed sentences (or from
+    ``contexts``, e.g. their captions, one list per point)."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    contexts = [p.observed for p in points] if contexts is None else contexts
+    if len(contexts) != len(points):
+        raise ValueError(f"{len(points)} points but {len(contexts)} contexts")
+    c = model.config
+    device = next(model.parameters()).device
+    candidates = candidates.to(device).long()
+    known = known_sentences(candidates.cpu(), vocab)
+    index = {s: i for i, s in enumerate(known)}
+    pasts = [vocab.encode_batch(list(ctx)[-c.n_states :], c.n_tokens) for ctx in contexts]  # (L, N) each
+    marginals = torch.zeros(len(points), steps, len(known), dtype=torch.float64)
+    frontier: list[list[tuple[float, list[int]]]] = [[(1.0, [])] for _ in points]  # per point: (p, candidate rows)
+    with eval_mode(model), tqdm(total=steps, desc="forecasting", unit="step", disable=not progress) as bar:
+        for k in range(steps):
+            rows = [(i, p, history) for i, entries in enumerate(frontier) for p, history in entries]
+            probs = []
+            for start in range(0, len(rows), batch_size):
+                chunk = rows[start : start + batch_size]
+                windows = torch.stack([_window(pasts[i], candidates, history, c.n_states) for i, _, history in chunk])
+                scores = candidate_scores(model, windows.to(device), candidates)
+                probs.append((scores.double() / temperature).softmax(dim=-1).cpu())
+            probs = torch.cat(probs) if probs else torch.zeros(0, len(known), dtype=torch.float64)
+            grown: list[dict[tuple[int, ...], float]] = [{} for _ in points]
+            for (i, p, history), q in zip(rows, probs):
+                marginals[i, k] += p * q
+                for j in torch.nonzero(q >= EXPAND_MIN).flatten().tolist():
+                    key = tuple(history) + (j,)
+                    grown[i][key] = grown[i].get(key, 0.0) + p * float(q[j])
+            frontier = []
+            for entries in grown:
+                kept = sorted(entries.items(), key=lambda item: -item[1])[:BEAM]
+                total = sum(p for _, p in kept) or 1.0
+                frontier.append([(p / total, list(history)) for history, p in kept])
+            bar.update()
+    forecasts = []
+    for i, point in enumerate(points):
+        best = marginals[i].argmax(dim=-1).tolist()
+        forecasts.append(
+            Forecast(
+                [known[j] for j in best],
+                [float(marginals[i, k, j]) for k, j in enumerate(best)],
+                [float(marginals[i, k, index[t]]) if t in index else 0.0 for k, t in enumerate(point.future[:steps])],
+            )
+        )
+    return forecasts
+
+
+def _window(past: torch.Tensor, candidates: torch.Tensor, history: list[int], n_states: int) -> torch.Tensor:
+    """The last ``n_states`` of the observed rows (L, N) and the predicted candidate rows, left-padded: (T, N)."""
+    rows = torch.cat([past, candidates[history].cpu()]) if history else past
+    rows = rows[-n_states:]
+    pad = rows.new_full((n_states - len(rows), rows.shape[1]), PAD_ID)
+    return torch.cat([pad, rows])

@@ -1,0 +1,317 @@
+"""What the synthetic world asks of a predictor, and how far predictors get: ceilings, count floors and trained
+predictors on held-out episodes, per scene and k = 1..steps seconds ahead, from the sentences (no video).
+
+    python -m world_model.evaluation.world_report --data DATA --out DIR [--episodes N] [--steps 5]
+        [--four-tensor DIR [DIR ...]] [--flat-baseline DIR [DIR ...]] [--overwrite]
+
+``DATA`` holds ``train/`` and ``heldout/`` (``python -m world_model.data.synthetic.generator generate``). The floors
+are counted on the training episodes' sentences; every cut of every held-out episode is a prediction point
+(``world_model.evaluation.world_scores``). Predictor folders (with known sentences), one per training seed, are
+scored on their k-step marginals (``world_model.evaluation.model_forecasts``), the two kinds paired seed by seed.
+``DIR`` gets ``results.json``, ``results.md`` and ``accuracy.png``:
+
+    results.json  {"command", "settings", "points", "train_episodes", "targets": {NAME: {"fraction_of_ceiling",
+                   "log_loss_minus_entropy"}}, "scenes": {SCENE or "all": {"episodes", "points", "needs_memory",
+                   "k": {"1".."5": {"ceiling_full_state", "ceiling_from_sentences", "entropy_from_sentences",
+                   "predictors": {NAME: {"accuracy", "accuracy_ci95", "log_loss", "ece"}},
+                   "four_tensor_minus_flat_baseline": {"accuracy", "log_loss"}}}}}}
+
+NAME is copy_last, markov1, markov2, markov3 (a number each; copy-last's log-loss and ECE are null: it gives no
+distribution) and four_tensor, flat_baseline (each ``{"mean", "lo", "hi"}`` over seeds, with "seeds").
+
+A scene *needs memory* ("needs_memory", null for "all") when its Markov-2 floor is at least ``MEMORY_GAP`` below
+its from-sentences ceiling one second ahead: counting what followed the last two sentences is then far from the best
+a sentence reader can do.
+"""
+
+from __future__ import annotations
+
+import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
+
+# isort: split
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from world_model.data.synthetic.episodes import TRAIN_SPLIT, read_episodes
+from world_model.evaluation.world_scores import (
+    ALL,
+    ceiling_table,
+    ceilings_at,
+    copy_last_forecasts,
+    fit_markov_floors,
+    markov_forecasts,
+    paired_scores,
+    prediction_points,
+    score,
+    seed_scores,
+)
+from world_model.utils.cli import UsageError, check_writable, settings_main
+from world_model.utils.files import atomic_dir, repo_path
+
+MEMORY_GAP = 0.15
+HELDOUT_SPLIT = "heldout"
+PAIR = ("four_tensor", "flat_baseline")  # the predictors compared seed by seed
+MEMORY_WORDS = {True: "yes", False: "no", None: ""}
+
+
+def scene_types(split: Path) -> list[str]:
+    """The scene types a split was generated with (its summary.json), which the from-sentences posterior needs."""
+    summary = split / "summary.json"
+    if not summary.is_file():
+        raise UsageError(
+            f"{summary} not found: the split must come from `python -m world_model.data.synthetic.generator`"
+        )
+    return json.loads(summary.read_text())["scene_types"]
+
+
+def forecast_checkpoint(folder: str | Path, points: list, steps: int, progress: bool) -> list:
+    """A predictor folder's k-step forecasts at every point (its known sentences, at its confidence temperature)."""
+    from world_model.evaluation.model_forecasts import k_step_forecasts
+    from world_model.models.decoding import load_confidence_temperature
+    from world_model.models.registry import load_predictor
+
+    model, vocab, known = load_predictor(folder)
+    if known is None:
+        raise UsageError(f"{folder} has no known_sentences.txt: the world report scores a predictor's known sentences")
+    temperature = load_confidence_temperature(folder)
+    return k_step_forecasts(model, vocab, known, points, steps, temperature=temperature, progress=progress)
+
+
+def world_report(
+    data: str | Path,
+    steps: int = 5,
+    episodes: int | None = None,
+    predictors: dict[str, Sequence[str | Path]] | None = None,
+    progress: bool = True,
+) -> dict:
+    """The ceilings, floors and (optionally) predictors of ``data``'s held-out episodes (the first ``episodes``), per
+    scene and over all. ``predictors`` maps a name to its checkpoint folders, one per training seed."""
+    data = Path(data)
+    train, heldout = read_episodes(data / TRAIN_SPLIT), read_episodes(data / HELDOUT_SPLIT)[:episodes]
+    scenes = scene_types(data / HELDOUT_SPLIT)
+    if scene_types(data / TRAIN_SPLIT) != scenes:
+        raise UsageError(f"{data}: train and heldout were generated with different --scenes")
+    points = prediction_points(heldout, steps)
+    table = ceiling_table(points, ceilings_at(points, steps, scenes), steps)
+    forecasts = {"copy_last": copy_last_forecasts(points, steps)}
+    for name, floor in fit_markov_floors(train).items():
+        forecasts[name] = markov_forecasts(floor, points, steps)
+    scores = {name: score(points, f, steps) for name, f in forecasts.items()}
+    runs = {
+        name: [forecast_checkpoint(folder, points, steps, progress) for folder in folders]
+        for name, folders in (predictors or {}).items()
+        if folders
+    }
+    scores.update({name: seed_scores(points, r, steps) for name, r in runs.items()})
+    paired = paired_scores(points, runs[PAIR[0]], runs[PAIR[1]], steps) if all(n in runs for n in PAIR) else None
+    result = {"points": len(points), "train_episodes": len(train), "scenes": {}}
+    for group, by_k in table.items():
+        members = [p for p in points if group == ALL or p.scene == group]
+        entry = {
+            "episodes": len({p.record["id"] for p in members}),
+            "points": len(members),
+            "k": {k: {**row, "predictors": {n: scores[n][group][k] for n in scores}} for k, row in by_k.items()},
+        }
+        if paired is not None:
+            for k in entry["k"]:
+                entry["k"][k][f"{PAIR[0]}_minus_{PAIR[1]}"] = paired[group][k]
+        one = entry["k"]["1"]
+        gap = one["ceiling_from_sentences"] - one["predictors"]["markov2"]["accuracy"]
+        entry["needs_memory"] = None if group == ALL else gap >= MEMORY_GAP
+        result["scenes"][group] = entry
+    result["targets"] = targets(result)
+    return result
+
+
+def value(metric: float | dict | None) -> float | None:
+    """A metric's number: itself, or the mean of a ``{"mean", "lo", "hi"}``."""
+    return metric["mean"] if isinstance(metric, dict) else metric
+
+
+def targets(result: dict) -> dict:
+    """For every forecaster, averaged over the scenes (not "all") and k: its accuracy as a fraction of the
+    from-sentences ceiling, and its log-loss minus the from-sentences entropy (nats a sentence)."""
+    cells = [cell for group, e in result["scenes"].items() if group != ALL for cell in e["k"].values()]
+    out = {}
+    for name in cells[0]["predictors"]:
+        ratios = [value(c["predictors"][name]["accuracy"]) / c["ceiling_from_sentences"] for c in cells]
+        losses = [value(c["predictors"][name]["log_loss"]) for c in cells]
+        excess = [loss - c["entropy_from_sentences"] for loss, c in zip(losses, cells)] if None not in losses else None
+        out[name] = {
+            "fraction_of_ceiling": sum(ratios) / len(ratios),
+            "log_loss_minus_entropy": sum(excess) / len(excess) if excess else None,
+        }
+    return out
+
+
+def markdown(result: dict, command: str) -> str:
+    """The report: the memory table, the targets, then one table per scene (rows: ceilings, entropy, forecasters;
+    columns: k)."""
+    steps = len(result["scenes"][ALL]["k"])
+    head = "| | " + " | ".join(f"k={k}" for k in range(1, steps + 1)) + " |\n|---|" + "---:|" * steps
+    lines = [
+        "# The synthetic world: ceilings, floors and predictors",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"{result['points']} prediction points (every cut of every held-out episode), floors counted on "
+        f"{result['train_episodes']} training episodes. Accuracy is exact sentence match k seconds ahead, with a 95% "
+        "interval (over seeds for a predictor trained with several, else over the held-out episodes); log-loss in nats "
+        "a sentence. *From sentences*: the best a predictor that reads only the observed sentences can do (entropy: "
+        "the log-loss it pays); *full state*: what the simulator's whole state allows.",
+        "",
+        "| scene | episodes | points | ceiling from sentences, k=1 | Markov-2, k=1 | gap | needs memory |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for group, entry in result["scenes"].items():
+        one = entry["k"]["1"]
+        gap = one["ceiling_from_sentences"] - one["predictors"]["markov2"]["accuracy"]
+        lines.append(
+            f"| {group} | {entry['episodes']} | {entry['points']} | {one['ceiling_from_sentences']:.3f} | "
+            f"{one['predictors']['markov2']['accuracy']:.3f} | {gap:+.3f} | {MEMORY_WORDS[entry['needs_memory']]} |"
+        )
+    lines += [
+        "",
+        "Averaged over the scenes and k = 1..5:",
+        "",
+        "| forecaster | accuracy / ceiling from sentences | log-loss minus entropy (nats) |",
+        "|---|---:|---:|",
+    ]
+    for name, t in result["targets"].items():
+        excess = "" if t["log_loss_minus_entropy"] is None else f"{t['log_loss_minus_entropy']:+.3f}"
+        lines.append(f"| {name} | {t['fraction_of_ceiling']:.3f} | {excess} |")
+    for group, entry in result["scenes"].items():
+        ks = [entry["k"][str(k)] for k in range(1, steps + 1)]
+        lines += ["", f"## {group}", "", head]
+        for key, label in (
+            ("ceiling_full_state", "ceiling, full state"),
+            ("ceiling_from_sentences", "ceiling, from sentences"),
+            ("entropy_from_sentences", "entropy, from sentences (nats)"),
+        ):
+            lines.append(f"| {label} | " + " | ".join(f"{r[key]:.3f}" for r in ks) + " |")
+        for name in ks[0]["predictors"]:
+            lines.append(f"| {name} | " + " | ".join(cell(r["predictors"][name]) for r in ks) + " |")
+        paired = f"{PAIR[0]}_minus_{PAIR[1]}"
+        if paired in ks[0]:
+            lines.append(f"| {paired.replace('_', ' ')} | " + " | ".join(difference(r[paired]) for r in ks) + " |")
+    lines += ["", "![accuracy by scene and step](accuracy.png)", ""]
+    return "\n".join(lines)
+
+
+def cell(p: dict) -> str:
+    """A forecaster's accuracy with its interval, and its log-loss."""
+    accuracy = value(p["accuracy"])
+    if isinstance(p["accuracy"], dict) and p["accuracy"]["lo"] is not None:
+        lo, hi = p["accuracy"]["lo"], p["accuracy"]["hi"]
+    else:
+        lo, hi = p["accuracy_ci95"] or (accuracy, accuracy)
+    loss = value(p["log_loss"])
+    return f"{accuracy:.3f} [{lo:.3f}, {hi:.3f}]" + ("" if loss is None else f", {loss:.3f} nats")
+
+
+def difference(d: dict) -> str:
+    """A paired difference's accuracy and log-loss with their intervals."""
+    a, loss = d["accuracy"], d["log_loss"]
+    interval = lambda m: "" if m["lo"] is None else f" [{m['lo']:+.3f}, {m['hi']:+.3f}]"  # noqa: E731
+    return f"{a['mean']:+.3f}{interval(a)}, {loss['mean']:+.3f}{interval(loss)} nats"
+
+
+def plot(result: dict, path: Path) -> None:
+    """One panel per scene: accuracy against k for the ceilings and every forecaster."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = list(result["scenes"])
+    columns = 4
+    rows = (len(groups) + columns - 1) // columns
+    figure, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.6 * rows), sharey=True, squeeze=False)
+    for ax, group in zip(axes.flat, groups):
+        entry = result["scenes"][group]["k"]
+        ks = sorted(entry, key=int)
+        x = [int(k) for k in ks]
+        ax.plot(x, [entry[k]["ceiling_full_state"] for k in ks], "k:", label="ceiling, full state")
+        ax.plot(x, [entry[k]["ceiling_from_sentences"] for k in ks], "k-", lw=2, label="ceiling, from sentences")
+        for name in entry[ks[0]]["predictors"]:
+            floor = name == "copy_last" or name.startswith("markov")
+            ys = [value(entry[k]["predictors"][name]["accuracy"]) for k in ks]
+            ax.plot(x, ys, marker="o", ms=3, lw=1 if floor else 2.2, ls="--" if floor else "-", label=name)
+        ax.set(title=group, xticks=x, ylim=(0, 1.02), xlabel="seconds ahead")
+    for ax in axes.flat[len(groups) :]:
+        ax.axis("off")
+    axes[0, 0].set_ylabel("accuracy")
+    axes.flat[0].legend(fontsize=7, loc="lower left")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+@dataclass
+class WorldReportSettings:
+    """Which world is measured, and where the report goes."""
+
+    data: Path = field(metadata={"help": "folder with train/ and heldout/ (from world_model.data.synthetic.generator)"})
+    out: Path = field(metadata={"help": "output folder (results.json, results.md, accuracy.png)"})
+    episodes: int | None = field(default=None, metadata={"help": "use the first N held-out episodes (default all)"})
+    steps: int = field(default=5, metadata={"help": "seconds ahead (default 5)"})
+    four_tensor: tuple[str, ...] = field(
+        default=(), metadata={"help": "4-tensor predictor folders, one per training seed (paired with the baseline's)"}
+    )
+    flat_baseline: tuple[str, ...] = field(
+        default=(), metadata={"help": "flat baseline predictor folders, one per training seed"}
+    )
+    overwrite: bool = field(default=False, metadata={"help": "replace an existing output folder"})
+
+    def __post_init__(self):
+        if self.steps < 1:
+            raise ValueError(f"--steps must be >= 1, got {self.steps}")
+        if self.episodes is not None and self.episodes < 1:
+            raise ValueError(f"--episodes must be >= 1, got {self.episodes}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return settings_main(
+        WorldReportSettings,
+        "world_model.evaluation.world_report",
+        __doc__.split("\n\n")[0],
+        report_command,
+        argv,
+    )
+
+
+def report_command(settings: WorldReportSettings, command: str) -> None:
+    """The command's work: check the output, measure, write the three files, print the summary table."""
+    out = settings.out
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not settings.overwrite:
+        raise UsageError(f"--out {out} already exists; choose another folder or pass --overwrite")
+    check_writable(out)
+    predictors = {"four_tensor": settings.four_tensor, "flat_baseline": settings.flat_baseline}
+    for folder in (*settings.four_tensor, *settings.flat_baseline):
+        if not Path(folder).is_dir():
+            raise UsageError(f"predictor folder {folder} not found")
+    result = world_report(settings.data, settings.steps, settings.episodes, predictors)
+    record = {
+        "command": command,
+        "settings": {
+            "data": repo_path(settings.data),
+            "steps": settings.steps,
+            "episodes": settings.episodes,
+            **{name: [repo_path(f) for f in folders] for name, folders in predictors.items()},
+        },
+        **result,
+    }
+    with atomic_dir(out) as staging:
+        (staging / "results.json").write_text(json.dumps(record, indent=2) + "\n")
+        (staging / "results.md").write_text(markdown(record, command))
+        plot(record, staging / "accuracy.png")
+    lines = markdown(record, command).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| scene |"))
+    print("\n".join(lines[start : start + 2 + len(record["scenes"])]))
+    print(f"wrote {out}/results.json, results.md, accuracy.png")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
