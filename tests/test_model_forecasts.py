@@ -64,3 +64,26 @@ def test_contexts_replace_the_observed_sentences_and_must_match_the_points():
         model_forecasts.k_step_forecasts(model, vocab, candidates, points, 1, contexts=[["x."]])
     with pytest.raises(ValueError, match="steps"):
         model_forecasts.k_step_forecasts(model, vocab, candidates, points, 0)
+
+
+def test_the_baselines_trie_scores_equal_its_teacher_forced_scores_and_prune_only_the_unlikely(monkeypatch):
+    model, vocab, candidates, points = setup("baseline")
+    windows = torch.stack(
+        [
+            torch.cat([torch.zeros(2, TINY["n_tokens"], dtype=torch.long), vocab.encode_batch(SENTENCES[:1], 5)]),
+            torch.cat([torch.zeros(0, TINY["n_tokens"], dtype=torch.long), vocab.encode_batch(SENTENCES[:3], 5)]),
+        ]
+    )
+    full = model.score_sentences(windows, candidates).float()
+    monkeypatch.setattr(model_forecasts, "PRUNE", 1e-30)
+    for depth in (1, 3, 10):  # a trie over the first token, three, or the whole spans; then the rest in one pass
+        monkeypatch.setattr(model_forecasts, "TRIE_DEPTH", depth)
+        assert torch.allclose(model_forecasts.pruned_sentence_scores(model, windows, candidates), full, atol=1e-4)
+    monkeypatch.setattr(model_forecasts, "PRUNE", 1.0)  # only the likeliest prefix of each length goes on
+    pruned = model_forecasts.pruned_sentence_scores(model, windows, candidates)
+    kept = torch.isfinite(pruned)
+    assert kept.sum(dim=1).tolist() == [1, 1]  # no two of these candidates share all but their last token
+    assert torch.allclose(pruned[kept], full[kept], atol=1e-4)  # what is kept is scored exactly
+    monkeypatch.setattr(model_forecasts, "PRUNE", 1e-2)
+    some = torch.isfinite(model_forecasts.pruned_sentence_scores(model, windows, candidates))
+    assert (some >= kept).all()  # a looser rule keeps at least as much

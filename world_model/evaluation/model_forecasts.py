@@ -3,7 +3,9 @@
 At a window of past sentences, a predictor with known sentences (C of them) gives each a score: the 4-tensor model
 the summed per-slot log-probability of its tokens off the last slice, the flat baseline its teacher-forced
 log-likelihood (``world_model.models.decoding``, the closed-set readout a rollout uses). ``softmax(score / tau)`` is
-its distribution of the next sentence (``tau`` the folder's confidence temperature, 1 without one).
+its distribution of the next sentence (``tau`` the folder's confidence temperature, 1 without one). The baseline's
+scores leave out the candidates whose first tokens are ``PRUNE`` times less likely than the best (a trie over those
+tokens, ``pruned_sentence_scores``): the same scores for every candidate it keeps, in a fraction of the time.
 
 Its distribution k sentences ahead is the marginal of that one-step distribution pushed forward: every history the
 predictor continues with probability at least ``EXPAND_MIN`` is followed, and the ``BEAM`` likeliest histories of
@@ -14,6 +16,7 @@ truth, so accuracy, log-loss and calibration are read off the same distribution 
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -21,6 +24,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from world_model.evaluation.world_scores import Forecast, Point
+from world_model.models.baseline_generation import gold_log_probs
 from world_model.models.decoding import slot_log_likelihood
 from world_model.text.vocab import PAD_ID, Vocabulary
 from world_model.text.windows import decode_states
@@ -28,15 +32,77 @@ from world_model.utils.eval_mode import eval_mode
 
 EXPAND_MIN = 1e-3
 BEAM = 16
+PRUNE = 1e-3  # the flat baseline's candidates are followed while their prefix is this likely, relative to the best
+TRIE_DEPTH = 3  # ... over their first tokens; the candidates left are then scored whole
+CHUNK_ROWS = 512
 
 
 @torch.no_grad()
 def candidate_scores(model: nn.Module, windows: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-    """Each candidate's closed-set score as the next sentence: windows (B, T, N), candidates (C, N) -> (B, C)."""
+    """Each candidate's closed-set score as the next sentence: windows (B, T, N), candidates (C, N) -> (B, C);
+    -inf for a baseline candidate pruned below ``PRUNE`` (``pruned_sentence_scores``)."""
     if hasattr(model, "score_sentences"):  # the flat baseline: teacher-forced log-likelihood
-        return model.score_sentences(windows, candidates).float()
+        return pruned_sentence_scores(model, windows, candidates)
     logits = model.readout_logits(model.last_slice_logits(windows))  # the 4-tensor model's last slice
     return slot_log_likelihood(logits.log_softmax(dim=-1), candidates, PAD_ID)
+
+
+@torch.no_grad()
+def pruned_sentence_scores(model: nn.Module, windows: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """The flat baseline's teacher-forced log-likelihood of each candidate (``score_sentences``), with the candidates
+    that cannot matter left out. The first ``TRIE_DEPTH`` tokens of the candidates' spans are walked as a trie (a
+    prefix shared by many candidates runs through the model once), and a prefix less likely than ``PRUNE`` times the
+    likeliest prefix of the same length after the same window is not followed: its candidates score -inf
+    (probability 0). The candidates left are then scored to their end in one pass. Windows (B, T, N), candidates
+    (C, N) -> (B, C)."""
+    prefix, prefix_len = model.pack_prefix(windows)
+    gold, gold_len = model.pack_target(candidates.to(windows.device))  # (C, G): ids then [EOS]
+    spans = [tuple(row[:n]) for row, n in zip(gold.tolist(), gold_len.tolist())]
+    scores = torch.full((len(windows), len(spans)), float("-inf"))
+    margin = -math.log(PRUNE)
+    logits, cache = model.prefill(prefix, prefix_len)
+    # a trie node: (window, log-probability of the prefix, the candidates that share it); node i is cache row i
+    nodes = [(b, 0.0, list(range(len(spans)))) for b in range(len(windows))]
+    for depth in range(TRIE_DEPTH):
+        log_p = logits.float().log_softmax(dim=-1).cpu()
+        grown = []  # (window, parent row, log-probability, candidates, token)
+        for row, (b, so_far, members) in enumerate(nodes):
+            branches: dict[int, list[int]] = {}
+            for c in members:
+                branches.setdefault(spans[c][depth], []).append(c)
+            for token, group in branches.items():
+                p = so_far + float(log_p[row, token])
+                scores[b, [c for c in group if len(spans[c]) == depth + 1]] = p
+                going = [c for c in group if len(spans[c]) > depth + 1]
+                if going:
+                    grown.append((b, row, p, going, token))
+        best: dict[int, float] = {}
+        for b, _, p, _, _ in grown:
+            best[b] = max(best.get(b, p), p)
+        grown = [node for node in grown if node[2] >= best[node[0]] - margin]
+        if not grown:
+            return scores.to(windows.device)
+        cache = cache.select(torch.tensor([row for _, row, _, _, _ in grown]))
+        logits = model.extend(cache, torch.tensor([token for *_, token in grown]))
+        nodes = [(b, p, going) for b, _, p, going, _ in grown]
+    # every candidate left, from token TRIE_DEPTH to its [EOS], in one causal pass per chunk of rows
+    log_p = logits.float().log_softmax(dim=-1)
+    rows = [(i, c) for i, (_, _, members) in enumerate(nodes) for c in members]
+    for start in range(0, len(rows), CHUNK_ROWS):
+        chunk = rows[start : start + CHUNK_ROWS]
+        rest = [spans[c][TRIE_DEPTH:] for _, c in chunk]
+        width = max(len(r) for r in rest)
+        padded = torch.tensor([r + (r[-1],) * (width - len(r)) for r in rest])  # (R, width), repeats never scored
+        node_rows = torch.tensor([i for i, _ in chunk])
+        first = log_p[node_rows, padded[:, 0]]  # (R,) the first remaining token, off the trie's logits
+        states = model.extend_hidden(cache.select(node_rows), padded[:, :-1])  # (R, width - 1, d)
+        live = torch.arange(1, width)[None, :] < torch.tensor([len(r) for r in rest])[:, None]  # (R, width - 1)
+        picked = gold_log_probs(states[live], padded[:, 1:][live], model.E.weight)
+        owner = torch.arange(len(chunk))[:, None].expand_as(live)[live]
+        total = first.new_zeros(len(chunk)).index_add(0, owner, picked.float()) + first
+        for (i, c), value in zip(chunk, total.tolist()):
+            scores[nodes[i][0], c] = nodes[i][1] + value
+    return scores.to(windows.device)
 
 
 def known_sentences(candidates: torch.Tensor, vocab: Vocabulary) -> list[str]:
