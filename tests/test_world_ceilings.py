@@ -187,7 +187,7 @@ def test_report_command_writes_the_world_report(tmp_path, capsys):
     np.testing.assert_equal(sorted(p.name for p in out.iterdir()), ["accuracy.png", "results.json", "results.md"])
 
 
-def test_report_scores_predictors_seed_by_seed_beside_the_floors(tmp_path):
+def test_report_scores_predictors_seed_by_seed_beside_the_floors(tmp_path, monkeypatch):
     import torch
 
     from world_model.data.synthetic.episodes import known_sentences
@@ -211,10 +211,19 @@ def test_report_scores_predictors_seed_by_seed_beside_the_floors(tmp_path):
             model.save_pretrained(folder, vocab=vocab)
             write_known_sentences(folder, known)
             folders.setdefault(kind, []).append(str(folder))
-    out = tmp_path / "two"
+    out, cache = tmp_path / "two", tmp_path / "cache"
     args = ["--data", str(data), "--steps", "2", "--four-tensor", *folders["four_tensor"]]
-    assert world_report.main([*args, "--flat-baseline", *folders["baseline"], "--out", str(out)]) == 0
+    both = [*args, "--flat-baseline", *folders["baseline"], "--cache", str(cache)]
+    assert world_report.main([*both, "--out", str(out)]) == 0
     result = json.loads((out / "results.json").read_text())
+    assert len(list(cache.iterdir())) == 4  # one forecast file per checkpoint
+    import world_model.models.registry as registry
+
+    monkeypatch.setattr(registry, "load_predictor", lambda folder: pytest.fail(f"loaded {folder} again"))
+    assert world_report.main([*both, "--out", str(tmp_path / "again")]) == 0  # every forecast from the cache
+    again = json.loads((tmp_path / "again" / "results.json").read_text())
+    assert again["scenes"] == result["scenes"] and again["targets"] == result["targets"]
+    monkeypatch.undo()
     cell = result["scenes"]["counting"]["k"]["2"]
     four = cell["predictors"]["four_tensor"]
     assert len(four["seeds"]) == 2 and four["accuracy"]["mean"] == pytest.approx(sum(four["seeds"]) / 2)

@@ -2,7 +2,7 @@
 predictors on held-out episodes, per scene and k = 1..steps seconds ahead, from the sentences (no video).
 
     python -m world_model.evaluation.world_report --data DATA --out DIR [--episodes N] [--steps 5]
-        [--four-tensor DIR [DIR ...]] [--flat-baseline DIR [DIR ...]] [--overwrite]
+        [--four-tensor DIR [DIR ...]] [--flat-baseline DIR [DIR ...]] [--cache DIR] [--overwrite]
 
 ``DATA`` holds ``train/`` and ``heldout/`` (``python -m world_model.data.synthetic.generator generate``). The floors
 are counted on the training episodes' sentences; every cut of every held-out episode is a prediction point
@@ -29,6 +29,7 @@ from __future__ import annotations
 import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
 
 # isort: split
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ from typing import Sequence
 from world_model.data.synthetic.episodes import TRAIN_SPLIT, read_episodes
 from world_model.evaluation.world_scores import (
     ALL,
+    Forecast,
     ceiling_table,
     ceilings_at,
     copy_last_forecasts,
@@ -48,7 +50,7 @@ from world_model.evaluation.world_scores import (
     seed_scores,
 )
 from world_model.utils.cli import UsageError, check_writable, settings_main
-from world_model.utils.files import atomic_dir, repo_path
+from world_model.utils.files import atomic_dir, repo_path, write_json_atomic
 
 MEMORY_GAP = 0.15
 HELDOUT_SPLIT = "heldout"
@@ -66,17 +68,35 @@ def scene_types(split: Path) -> list[str]:
     return json.loads(summary.read_text())["scene_types"]
 
 
-def forecast_checkpoint(folder: str | Path, points: list, steps: int, progress: bool) -> list:
-    """A predictor folder's k-step forecasts at every point (its known sentences, at its confidence temperature)."""
-    from world_model.evaluation.model_forecasts import k_step_forecasts
+def forecast_checkpoint(folder: str | Path, points: list, steps: int, progress: bool, cache: Path | None) -> list:
+    """A predictor folder's k-step forecasts at every point (its known sentences, at its confidence temperature);
+    with a ``cache`` folder, read from or kept in it under a key of the folder's files, the points and the settings."""
+    from world_model.evaluation import model_forecasts
     from world_model.models.decoding import load_confidence_temperature
     from world_model.models.registry import load_predictor
 
+    folder = Path(folder)
+    key = hashlib.sha256()
+    for name in ("model.safetensors", "known_sentences.txt", "calibration.json", "vocab.json"):
+        if (folder / name).is_file():
+            key.update(name.encode() + (folder / name).read_bytes())
+    key.update(json.dumps([[p.record["id"], len(p.observed)] for p in points]).encode())
+    settings = [steps] + [getattr(model_forecasts, n) for n in ("EXPAND_MIN", "BEAM", "PRUNE", "TRIE_DEPTH")]
+    key.update(json.dumps(settings).encode())
+    stored = None if cache is None else cache / f"{key.hexdigest()[:24]}.json"
+    if stored is not None and stored.is_file():
+        return [Forecast(*row) for row in json.loads(stored.read_text())]
     model, vocab, known = load_predictor(folder)
     if known is None:
         raise UsageError(f"{folder} has no known_sentences.txt: the world report scores a predictor's known sentences")
     temperature = load_confidence_temperature(folder)
-    return k_step_forecasts(model, vocab, known, points, steps, temperature=temperature, progress=progress)
+    forecasts = model_forecasts.k_step_forecasts(
+        model, vocab, known, points, steps, temperature=temperature, progress=progress
+    )
+    if stored is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(stored, [[f.predicted, f.confidence, f.truth_prob] for f in forecasts])
+    return forecasts
 
 
 def world_report(
@@ -85,9 +105,11 @@ def world_report(
     episodes: int | None = None,
     predictors: dict[str, Sequence[str | Path]] | None = None,
     progress: bool = True,
+    cache: Path | None = None,
 ) -> dict:
     """The ceilings, floors and (optionally) predictors of ``data``'s held-out episodes (the first ``episodes``), per
-    scene and over all. ``predictors`` maps a name to its checkpoint folders, one per training seed."""
+    scene and over all. ``predictors`` maps a name to its checkpoint folders, one per training seed; their forecasts
+    are kept in ``cache`` when given (``forecast_checkpoint``)."""
     data = Path(data)
     train, heldout = read_episodes(data / TRAIN_SPLIT), read_episodes(data / HELDOUT_SPLIT)[:episodes]
     scenes = scene_types(data / HELDOUT_SPLIT)
@@ -100,7 +122,7 @@ def world_report(
         forecasts[name] = markov_forecasts(floor, points, steps)
     scores = {name: score(points, f, steps) for name, f in forecasts.items()}
     runs = {
-        name: [forecast_checkpoint(folder, points, steps, progress) for folder in folders]
+        name: [forecast_checkpoint(folder, points, steps, progress, cache) for folder in folders]
         for name, folders in (predictors or {}).items()
         if folders
     }
@@ -263,6 +285,9 @@ class WorldReportSettings:
     flat_baseline: tuple[str, ...] = field(
         default=(), metadata={"help": "flat baseline predictor folders, one per training seed"}
     )
+    cache: Path | None = field(
+        default=None, metadata={"help": "keep each predictor's forecasts here, so that a rerun reuses them"}
+    )
     overwrite: bool = field(default=False, metadata={"help": "replace an existing output folder"})
 
     def __post_init__(self):
@@ -292,7 +317,7 @@ def report_command(settings: WorldReportSettings, command: str) -> None:
     for folder in (*settings.four_tensor, *settings.flat_baseline):
         if not Path(folder).is_dir():
             raise UsageError(f"predictor folder {folder} not found")
-    result = world_report(settings.data, settings.steps, settings.episodes, predictors)
+    result = world_report(settings.data, settings.steps, settings.episodes, predictors, cache=settings.cache)
     record = {
         "command": command,
         "settings": {
