@@ -107,7 +107,7 @@ class HFCaptioner:
             image_processor, tokenizer, model, report = load_model_files(load, model_id_or_path, "config.json")
         except (OSError, ValueError, SafetensorError) as error:
             raise ModelLoadError(explain_load_failure(model_id_or_path, "config.json", error)) from error
-        check_loading_report(report, model_id_or_path)
+        check_loading_report(report, model_id_or_path, model)
         model.to(device).eval()
         reference = FeatureReference.load(model_id_or_path) if Path(model_id_or_path).is_dir() else None
         return cls(model, image_processor, tokenizer, str(model_id_or_path), batch_size, max_new_tokens, reference)
@@ -185,11 +185,13 @@ def check_tokenizer(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel, 
         )
 
 
-def check_loading_report(report: dict, source: str | Path) -> None:
+def check_loading_report(report: dict, source: str | Path, model: torch.nn.Module) -> None:
     """Raise ``ModelLoadError`` when ``from_pretrained``'s loading report lists checkpoint keys that are missing,
-    unexpected or of the wrong shape: such a model would run on random weights."""
+    unexpected or of the wrong shape: such a model would run on random weights. A checkpoint key naming one of the
+    model's own buffers (BLIP's ``position_ids``, saved by older versions) is not a problem: the model makes it."""
+    buffers = {name for name, _ in model.named_buffers()}
     problems = {
-        kind: sorted(str(k) for k in report.get(f"{kind}_keys") or ())
+        kind: sorted(str(k) for k in report.get(f"{kind}_keys") or () if kind != "unexpected" or k not in buffers)
         for kind in ("missing", "unexpected", "mismatched")
     }
     listed = "; ".join(

@@ -158,3 +158,82 @@ def test_a_folder_without_its_tokenizer_files_is_refused(tmp_path):
         (folder / name).unlink(missing_ok=True)
     with pytest.raises(ModelLoadError, match="tokenizer has 5 tokens for a model that writes 26; its tokenizer files"):
         HFCaptioner.from_pretrained(folder)
+
+
+def blip_as_the_hub_ships_it(folder):
+    """A tiny BLIP laid out as BLIP base's repository is: ``pytorch_model.bin`` (a plain state dict, with the
+    ``position_ids`` buffer older versions saved) and no safetensors."""
+    import safetensors.torch
+
+    weights = safetensors.torch.load_file(folder / "model.safetensors")
+    weights["text_decoder.bert.embeddings.position_ids"] = torch.arange(512)[None]
+    torch.save(weights, folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    return folder
+
+
+def test_a_bin_only_repository_is_recognised_in_the_cache_and_loads_without_the_network(tmp_path, monkeypatch):
+    import threading
+
+    from tests.model_factories import fill_hub_cache, recording_hub
+    from world_model.utils.hub import model_folder
+
+    folder = make_tiny_blip(tmp_path / "blip")
+    expected = HFCaptioner.from_pretrained(folder, max_new_tokens=4)(IMAGES)
+    blip_as_the_hub_ships_it(folder)
+    snapshot = fill_hub_cache(tmp_path / "cache", "tiny-org/tiny-blip", folder)
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
+    assert model_folder("tiny-org/tiny-blip", "config.json") == snapshot
+    with recording_hub() as (requests, url):
+        monkeypatch.setattr(hub_constants, "ENDPOINT", url)
+        captioner = HFCaptioner.from_pretrained("tiny-org/tiny-blip", max_new_tokens=4)
+    assert captioner(IMAGES) == expected
+    assert not [r for r in requests if "tiny-org" in r], requests
+    assert not [t for t in threading.enumerate() if "conversion" in t.name]
+
+
+def test_loading_a_bin_from_the_hub_starts_no_safetensors_conversion(tmp_path, monkeypatch):
+    """transformers converts a downloaded .bin in a background thread (a second download) unless told not to."""
+    import os
+
+    from world_model.utils.hub import NO_CONVERSION, load_model_files
+
+    monkeypatch.delenv(NO_CONVERSION, raising=False)
+    seen = []
+    load_model_files(lambda variant, local: seen.append(os.environ.get(NO_CONVERSION)), "some-org/uncached", "x.json")
+    assert seen == ["1"] and NO_CONVERSION not in os.environ
+
+
+def test_the_download_hint_fetches_the_weights_a_bin_only_repository_has(tmp_path, monkeypatch):
+    from fnmatch import fnmatch
+
+    from world_model.utils.hub import DOWNLOAD_PATTERNS, download_command
+
+    patterns = DOWNLOAD_PATTERNS["config.json"]
+    assert any(fnmatch("pytorch_model.bin", p) for p in patterns)
+    assert any(fnmatch("model.safetensors", p) for p in patterns)
+    assert '"pytorch_model*.bin"' in download_command("Salesforce/blip-image-captioning-base", "config.json")
+
+
+def test_an_unexpected_key_that_is_not_a_buffer_still_fails(tmp_path):
+    import safetensors.torch
+
+    folder = blip_as_the_hub_ships_it(make_tiny_blip(tmp_path / "blip"))
+    weights = torch.load(folder / "pytorch_model.bin", weights_only=True)
+    weights["text_decoder.bert.embeddings.not_a_buffer"] = torch.zeros(1)
+    (folder / "pytorch_model.bin").unlink()
+    safetensors.torch.save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match="unexpected: text_decoder.bert.embeddings.not_a_buffer"):
+        HFCaptioner.from_pretrained(folder)
+
+
+def test_a_checkpoint_key_naming_one_of_the_models_own_buffers_is_not_a_mismatch():
+    """transformers before 5.6 reports BLIP's saved ``position_ids`` as unexpected; the model makes that buffer."""
+    from encoders.captioner import check_loading_report
+
+    model = torch.nn.Module()
+    model.register_buffer("position_ids", torch.arange(3), persistent=False)
+    check_loading_report({"unexpected_keys": ["position_ids"]}, "tiny", model)
+    with pytest.raises(ModelLoadError, match="unexpected: weight"):
+        check_loading_report({"unexpected_keys": ["position_ids", "weight"]}, "tiny", model)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -16,11 +18,13 @@ from safetensors import SafetensorError, safe_open
 
 FP16 = "fp16"
 PIPELINE_INDEX = "model_index.json"  # a diffusers pipeline folder's index; a transformers model folder has config.json
+WEIGHT_SUFFIXES = (".safetensors", ".bin")  # a model repository ships one or both (BLIP base: only the .bin)
 # `hf download --include` patterns for the files a load reads: configs, tokenizer vocabularies and the weights.
 DOWNLOAD_PATTERNS = {
     PIPELINE_INDEX: ("*.json", "*/*.txt", f"*/*.{FP16}.safetensors"),
-    "config.json": ("*.json", "*.txt", "model*.safetensors"),
+    "config.json": ("*.json", "*.txt", "model*.safetensors", "pytorch_model*.bin"),
 }
+NO_CONVERSION = "DISABLE_SAFETENSORS_CONVERSION"  # transformers' switch for its background .bin conversion
 Loaded = TypeVar("Loaded")
 
 
@@ -37,15 +41,31 @@ def load_model_files(load: Callable[[str | None, bool], Loaded], source: str | P
     repository has none. ``index_file`` is the folder's index (``config.json`` or ``model_index.json``).
     """
     folder = model_folder(source, index_file)
-    if folder is not None:
-        variant = FP16 if FP16 in weight_variants(folder, index_file) else None
-        return load(variant, not Path(source).expanduser().is_dir())
+    with no_conversion_thread():
+        if folder is not None:
+            variant = FP16 if FP16 in weight_variants(folder, index_file) else None
+            return load(variant, not Path(source).expanduser().is_dir())
+        try:
+            return load(FP16, False)
+        except (OSError, ValueError) as error:
+            if FP16 not in str(error):  # not the missing variant: a real failure
+                raise
+        return load(None, False)
+
+
+@contextmanager
+def no_conversion_thread() -> Iterator[None]:
+    """While it lasts, transformers starts no background thread converting a repository's ``.bin`` weights to
+    safetensors (a second download of the weights, and a wait at exit)."""
+    before = os.environ.get(NO_CONVERSION)
+    os.environ[NO_CONVERSION] = "1"
     try:
-        return load(FP16, False)
-    except (OSError, ValueError) as error:
-        if FP16 not in str(error):  # not the missing variant: a real failure
-            raise
-    return load(None, False)
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(NO_CONVERSION, None)
+        else:
+            os.environ[NO_CONVERSION] = before
 
 
 def model_folder(source: str | Path, index_file: str) -> Path | None:
@@ -65,9 +85,9 @@ def model_folder(source: str | Path, index_file: str) -> Path | None:
 
 
 def weight_variants(folder: Path, index_file: str) -> list[str | None]:
-    """The weight sets complete in ``folder``: ``"fp16"`` when every weighted part has fp16 safetensors, ``None``
-    when every one has default safetensors (``model.safetensors``, ``diffusion_pytorch_model.safetensors``, or
-    their shards); fp16 first."""
+    """The weight sets complete in ``folder``: ``"fp16"`` when every weighted part has fp16 weights, ``None``
+    when every one has default weights (``model.safetensors``, ``pytorch_model.bin``,
+    ``diffusion_pytorch_model.safetensors``, or their shards); fp16 first."""
     parts = weighted_parts(folder, index_file)
     if not parts:
         return []
@@ -100,10 +120,10 @@ def _is_module_class(library: str, class_name: str) -> bool:
 
 
 def _has_weights(part: Path, variant: str | None) -> bool:
-    """Whether ``part`` holds safetensors weights of ``variant`` (``name.fp16.safetensors``, shards
-    ``name.fp16-00001-of-00002.safetensors``) or, for None, default ones (``name.safetensors``,
-    ``name-00001-of-00002.safetensors``)."""
-    names = [p.name.removesuffix(".safetensors") for p in part.glob("*.safetensors")]
+    """Whether ``part`` holds weights (safetensors, or the ``.bin`` transformers reads without unpickling code) of
+    ``variant`` (``name.fp16.safetensors``, shards ``name.fp16-00001-of-00002.safetensors``) or, for None, default
+    ones (``name.safetensors``, ``pytorch_model.bin``, ``name-00001-of-00002.safetensors``)."""
+    names = [p.name.removesuffix(p.suffix) for p in part.iterdir() if p.suffix in WEIGHT_SUFFIXES]
     if variant is None:
         return any("." not in name for name in names)
     return any(name.rsplit(".", 1)[-1].split("-")[0] == variant for name in names if "." in name)
