@@ -760,6 +760,22 @@ def test_report_only_keeps_the_machine_the_runs_were_timed_on(finished, data_dir
     assert json.loads((out / "results.json").read_text())["machine"]["load_average_start"] != [9.5, 9.5, 9.5]
 
 
+def test_report_only_leaves_another_presets_report_as_it_was(finished, data_dir, preset, tmp_path, monkeypatch, capsys):
+    import hashlib
+
+    no_training(monkeypatch)
+    out = tmp_path / "other"
+    shutil.copytree(finished[0], out)
+    earlier = json.loads((out / "results.json").read_text())
+    (out / "results.json").write_text(json.dumps({**earlier, "preset": {**earlier["preset"], "name": "another"}}))
+    digests = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.rglob("*") if p.is_file()}
+    for flag in ("--report-only", "--resume"):
+        args = ["--preset", str(preset), "--data", str(data_dir), "--out", str(out), flag, "--no-progress"]
+        assert bench.main(args) == 2
+        assert "holds the report of preset 'another'" in capsys.readouterr().err
+    assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.rglob("*") if p.is_file()} == digests
+
+
 def test_the_earlier_invocation_note_names_the_variants_too(attention_finished, data_dir, tmp_path, monkeypatch):
     no_training(monkeypatch)
     out = tmp_path / "again"

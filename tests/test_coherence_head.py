@@ -122,6 +122,35 @@ def test_training_writes_a_head_that_loads_with_the_predictor(predictor, tmp_pat
     assert load_coherence_head(folder, model) is None  # the predictor folder itself has none
 
 
+def test_coherence_refuses_where_it_would_lose_something_before_training(predictor, tmp_path, capsys, monkeypatch):
+    import hashlib
+
+    folder, data = predictor
+    shutil.copytree(folder, tmp_path / "ckpt")
+    model = FourTensorModel.from_pretrained(folder)
+    save_coherence_head(
+        CoherenceHead(CoherenceHeadConfig(model.config.vocab_size, 2 * model.config.d)), tmp_path / "ckpt"
+    )
+
+    def digests():
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (tmp_path / "ckpt").iterdir()}
+
+    before = digests()
+    monkeypatch.setattr(training, "train_coherence_heads", lambda *a: pytest.fail("trained before refusing"))
+    argv = ["--checkpoint", str(tmp_path / "ckpt"), "--data", str(data)]
+    assert training.main(argv) == 2  # the folder's head would be replaced
+    assert "already holds a coherence head" in capsys.readouterr().err
+    (tmp_path / "a_file").write_text("")
+    assert training.main([*argv, "--out", str(tmp_path / "new"), "--report", str(tmp_path / "a_file" / "r.json")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+    assert training.main([*argv, "--out", str(tmp_path / "new"), "--report", str(tmp_path / "ckpt" / "r.json")]) == 2
+    assert "lies inside the checkpoint" in capsys.readouterr().err
+    (tmp_path / "kept.json").write_text("{}")
+    assert training.main([*argv, "--out", str(tmp_path / "new"), "--report", str(tmp_path / "kept.json")]) == 2
+    assert "already exists; pass --overwrite" in capsys.readouterr().err
+    assert digests() == before and (tmp_path / "kept.json").read_text() == "{}" and not (tmp_path / "new").exists()
+
+
 def test_a_head_for_another_predictor_is_refused(tmp_path):
     head = CoherenceHead(CoherenceHeadConfig(vocab_size=30, d_state=16))
     save_coherence_head(head, tmp_path)

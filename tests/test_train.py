@@ -576,12 +576,8 @@ def test_evaluate_cli_matches_the_best_epoch(reference, data_dir, tmp_path, caps
         CLOZE_COLUMNS,
         [["z1", "Zed flew.", "Zed ran.", "Tom sat.", "Ann ate.", "Bob sang home.", "Sue ran.", "1"]],
     )
-    assert (
-        evaluate_main(
-            ["--checkpoint", str(out / "best"), "--data", str(other), "--out", str(result_path), "--device", "cpu"]
-        )
-        == 0
-    )
+    args = ["--checkpoint", str(out / "best"), "--data", str(other), "--out", str(result_path), "--device", "cpu"]
+    assert evaluate_main([*args, "--overwrite"]) == 0
     other_result = json.loads(result_path.read_text())
     assert other_result["unknown_tokens"] == 3  # zed, flew, zed
     assert other_result["floors"] is None and list(other_result["story_cloze"]) == [
@@ -591,6 +587,28 @@ def test_evaluate_cli_matches_the_best_epoch(reference, data_dir, tmp_path, caps
     assert list(other_result["coherence"]) == ["model", "references"]
     assert "floors: none (no training file" in capsys.readouterr().out
     assert evaluate_main(["--checkpoint", str(tmp_path), "--data", str(data_dir)]) == 2
+
+
+def test_evaluate_never_writes_over_its_checkpoint_or_an_existing_file_unasked(reference, data_dir, tmp_path, capsys):
+    import hashlib
+
+    best = reference[0] / "best"
+    digests = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in best.iterdir() if p.is_file()}
+    existing = tmp_path / "kept.json"
+    existing.write_text('{"mine": 1}')
+    args = ["--checkpoint", str(best), "--data", str(data_dir), "--device", "cpu"]
+    assert evaluate_main([*args, "--out", str(best / "config.json")]) == 2
+    assert "lies inside the checkpoint" in capsys.readouterr().err
+    assert evaluate_main([*args, "--out", str(best / "config.json"), "--overwrite"]) == 2
+    assert evaluate_main([*args, "--out", str(data_dir / "metrics.json")]) == 2
+    assert "lies inside the data folder" in capsys.readouterr().err
+    assert evaluate_main([*args, "--out", str(existing)]) == 2
+    assert "already exists; pass --overwrite" in capsys.readouterr().err
+    (tmp_path / "dangling.json").symlink_to(tmp_path / "nowhere" / "x.json")
+    assert evaluate_main([*args, "--out", str(tmp_path / "dangling.json")]) == 2
+    assert "is a link to nothing" in capsys.readouterr().err
+    assert existing.read_text() == '{"mine": 1}' and not (data_dir / "metrics.json").exists()
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in best.iterdir() if p.is_file()} == digests
 
 
 def test_evaluate_holdout_scores_a_held_out_run_on_its_own_slice_with_floors_fitted_before_it(
@@ -608,7 +626,7 @@ def test_evaluate_holdout_scores_a_held_out_run_on_its_own_slice_with_floors_fit
     assert result["floors"]["train_windows"] == 32  # the 40 training stories less the 8 scored
     assert all(result["story_cloze"][name]["val"]["stories"] == 5 for name in ("model", *FLOORS))  # still the cloze
     capsys.readouterr()
-    assert evaluate_main([*args, "--out", str(result_path)]) == 0
+    assert evaluate_main([*args, "--out", str(result_path), "--overwrite"]) == 0
     cloze = json.loads(result_path.read_text())
     assert cloze["validation"] == "the cloze stories" and cloze["validation_windows"] == 10
     assert cloze["floors"]["train_windows"] == 40

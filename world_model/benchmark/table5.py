@@ -125,7 +125,7 @@ def run_benchmark(settings: BenchmarkSettings, command: str | None = None) -> di
     runs = plan_runs(spec, chosen, row_seeds, settings.max_epochs, out, choose_rows(spec, settings.row_list()))
     if not runs:
         raise BenchmarkError(f"--rows {settings.rows} has no run in the pairs {','.join(chosen)}")
-    check_output(out, runs, k, settings.resume, report_only)
+    check_output(out, runs, k, settings.resume, report_only, spec["name"])
     find_split_files(data_dir)  # DataError (no training or no validation file) before anything else reads the data
     n_tokens = runs[0].config["model"]["n_tokens"]
     corpus, vocab, train_windows, val_windows = load_windows(data_dir, n_tokens, k)
@@ -177,15 +177,23 @@ def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def check_output(out: Path, runs: list[Run], train_subset: int | None, resume: bool, report_only: bool) -> None:
-    """Refuse an --out that is a file, run folders in use (see check_run_folders), and a finished benchmark unless
-    resuming (or reporting)."""
+def check_output(
+    out: Path, runs: list[Run], train_subset: int | None, resume: bool, report_only: bool, preset: str
+) -> None:
+    """Refuse an --out that is a file, run folders in use (see check_run_folders), a finished benchmark unless
+    resuming (or reporting), and a report of another preset (which --report-only would replace)."""
     if out.exists() and not out.is_dir():
         raise BenchmarkError(f"--out {out} is a file, not a folder")
     check_writable(out)
     check_run_folders(runs, train_subset, resume, report_only)
     if not (resume or report_only) and (out / RESULTS_JSON).exists():
         raise BenchmarkError(f"{out} already holds a benchmark ({RESULTS_JSON}); pass --resume or choose another --out")
+    earlier = earlier_preset(out)
+    if earlier is not None and earlier != preset:
+        raise BenchmarkError(
+            f"{out} holds the report of preset {earlier!r}, not {preset!r}; --resume and --report-only rewrite a "
+            "folder's own report: choose another --out"
+        )
 
 
 def device_and_ranks() -> tuple[torch.device, int, bool]:
@@ -318,6 +326,14 @@ def earlier_machine(out: Path) -> dict | None:
     try:
         return json.loads((out / RESULTS_JSON).read_text()).get("machine")
     except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+
+
+def earlier_preset(out: Path) -> str | None:
+    """The preset name in the results.json already in `out` (None without a readable one)."""
+    try:
+        return json.loads((out / RESULTS_JSON).read_text())["preset"]["name"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
         return None
 
 

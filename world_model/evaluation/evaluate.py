@@ -63,7 +63,7 @@ from world_model.models.coherence_head import CoherenceHead, load_coherence_head
 from world_model.models.precision import PRECISIONS, autocast
 from world_model.models.registry import count_parameters, load_model
 from world_model.text.vocab import Vocabulary
-from world_model.utils.cli import UsageError, check_device, check_writable, settings_main
+from world_model.utils.cli import UsageError, check_device, check_output, settings_main
 from world_model.utils.eval_mode import eval_mode
 from world_model.utils.files import write_json_atomic
 from world_model.utils.hub import default_device
@@ -278,6 +278,7 @@ class EvaluateSettings:
     checkpoint: Path = field(metadata={"help": "folder written by save_pretrained (e.g. OUT/best)"})
     data: Path = field(metadata={"help": "folder with cloze_test_*.csv"})
     out: Path | None = field(default=None, metadata={"help": "also write the metrics to this JSON file"})
+    overwrite: bool = field(default=False, metadata={"help": "replace an existing --out file"})
     batch_size: int = field(default=64, metadata={"help": "windows per forward pass"})
     device: str | None = field(default=None, metadata={"help": "cpu, cuda, cuda:1 ... (default: cuda when available)"})
     precision: str = field(
@@ -314,7 +315,8 @@ def evaluate_command(settings: EvaluateSettings) -> None:
     if settings.out and settings.out.is_dir():
         raise UsageError(f"--out {settings.out} is a folder; give the JSON file's path")
     if settings.out:
-        check_writable(settings.out)
+        inputs = {"checkpoint": settings.checkpoint, "data folder": settings.data}
+        check_output(settings.out, "--out", inputs, settings.overwrite)
     result = evaluate_checkpoint(
         settings.checkpoint,
         settings.data,

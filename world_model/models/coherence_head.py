@@ -37,7 +37,7 @@ from torch import nn
 
 from world_model.models.checkpoint import CheckpointError, check_state_dict
 from world_model.text.vocab import PAD_ID, UNK_ID
-from world_model.utils.files import write_json_atomic
+from world_model.utils.files import replacing_file, write_json_atomic
 
 HEAD_CONFIG = "coherence_head.json"
 HEAD_WEIGHTS = "coherence_head.safetensors"
@@ -164,7 +164,8 @@ def save_coherence_head(head: CoherenceHead, folder: str | os.PathLike) -> Path:
     """Write HEAD_WEIGHTS and HEAD_CONFIG into a predictor folder."""
     folder = Path(folder)
     tensors = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
-    save_file(tensors, folder / HEAD_WEIGHTS, metadata={"format": "pt"})
+    with replacing_file(folder / HEAD_WEIGHTS) as staged:
+        save_file(tensors, staged, metadata={"format": "pt"})
     write_json_atomic(folder / HEAD_CONFIG, asdict(head.config))
     return folder / HEAD_WEIGHTS
 

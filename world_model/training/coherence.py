@@ -31,10 +31,17 @@ from world_model.data.rocstories import DataError, encode_cloze, encode_windows,
 from world_model.evaluation import coherence as coh
 from world_model.evaluation.floors.counts import CONTEXT, split_heldout
 from world_model.evaluation.seed_stats import mean_interval
-from world_model.models.coherence_head import CoherenceHead, CoherenceHeadConfig, pooled_state, save_coherence_head
+from world_model.models.coherence_head import (
+    HEAD_CONFIG,
+    HEAD_WEIGHTS,
+    CoherenceHead,
+    CoherenceHeadConfig,
+    pooled_state,
+    save_coherence_head,
+)
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import PAD_ID
-from world_model.utils.cli import settings_main
+from world_model.utils.cli import UsageError, check_output, check_writable, settings_main
 from world_model.utils.files import write_json_atomic
 
 # The predictor's ratio weight is never negative: a negative weight prefers the endings the story makes less likely,
@@ -248,6 +255,9 @@ class CoherenceSettings:
     report: str | None = field(
         default=None, metadata={"help": "also write every seed's coherence report and their summary to this JSON file"}
     )
+    overwrite: bool = field(
+        default=False, metadata={"help": "replace a coherence head already in --out, and an existing --report file"}
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -261,16 +271,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def coherence_command(settings: CoherenceSettings) -> None:
-    """The command's work: train a head per seed, write the first, print (and write) the reports' summary."""
+    """The command's work: check where it writes, train a head per seed, write the first, print (and write) the
+    reports' summary."""
     out = Path(settings.out or settings.checkpoint)
+    check_head_folder(out, settings.overwrite)
+    if settings.report:
+        inputs = {"checkpoint": settings.checkpoint, "data folder": settings.data}
+        check_output(settings.report, "--report", inputs, settings.overwrite)
     heads = train_coherence_heads(
         settings.checkpoint, settings.data, settings.seeds, out, not settings.batch_negatives_only
     )
     reports = [report for _, report in heads]
     summary = seed_summary(reports)
     if settings.report:
+        Path(settings.report).parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(Path(settings.report), {"seeds": reports, "summary": summary, "written": str(out)})
     print(json.dumps({"summary": summary}))
+
+
+def check_head_folder(out: Path, overwrite: bool) -> None:
+    """A UsageError unless the head can be written into folder `out` without replacing one (unless `overwrite`)."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a folder")
+    check_writable(out / HEAD_WEIGHTS, "--out")
+    existing = [name for name in (HEAD_WEIGHTS, HEAD_CONFIG) if (out / name).exists()]
+    if existing and not overwrite:
+        raise UsageError(f"--out {out} already holds a coherence head ({', '.join(existing)}); pass --overwrite")
 
 
 if __name__ == "__main__":

@@ -6,10 +6,10 @@ stop signals handled alike.
     exit 1    an internal failure: one line, and `--verbose` shows the traceback
     128 + n   stopped by signal n (SIGINT 130, SIGTERM 143, SIGHUP 129): one line, staging removed
 
-`run_command(work, verbose)` runs a command's work under these rules; `check_device` and `check_writable` are the
-checks a command makes before loading models or reading data. `SettingsParser` is every command's parser: its flags
-are the fields of settings dataclasses; `settings_main` is the whole `main` of a command whose flags are one such
-dataclass, and `command_line` the command as its records write it.
+`run_command(work, verbose)` runs a command's work under these rules; `check_device`, `check_writable` and
+`check_output` are the checks a command makes before loading models or reading data. `SettingsParser` is every
+command's parser: its flags are the fields of settings dataclasses; `settings_main` is the whole `main` of a command
+whose flags are one such dataclass, and `command_line` the command as its records write it.
 """
 
 from __future__ import annotations
@@ -251,3 +251,30 @@ def check_writable(path: str | os.PathLike, flag: str = "--out") -> None:
             pass
     except OSError as err:
         raise UsageError(f"{flag} {path} cannot be written: {ancestor}: {err.strerror or err}") from None
+
+
+def check_output(
+    path: str | os.PathLike,
+    flag: str,
+    inputs: dict[str, str | os.PathLike | None] | None = None,
+    overwrite: bool = False,
+) -> None:
+    """A UsageError unless writing `path` loses nothing: it can be created (`check_writable`), is not a link to
+    nothing, is neither one of the `inputs` (what each is called -> its path; None is skipped) nor inside one, and,
+    without `overwrite`, does not exist yet."""
+    path = Path(path)
+    if path.is_symlink() and not path.exists():
+        raise UsageError(f"{flag} {path} is a link to nothing ({os.readlink(path)}); give a real path")
+    check_writable(path, flag)
+    target = path.resolve()
+    for name, given in (inputs or {}).items():
+        if given is None:
+            continue
+        source = Path(given).resolve()
+        if target == source or source in target.parents:
+            raise UsageError(
+                f"{flag} {path} {'is' if target == source else 'lies inside'} the {name} {given}, an input; "
+                "write it elsewhere"
+            )
+    if path.exists() and not overwrite:
+        raise UsageError(f"{flag} {path} already exists; pass --overwrite to replace it")
