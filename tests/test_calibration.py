@@ -9,7 +9,7 @@ import torch
 
 from tests.model_factories import one_torch_thread
 from world_model.data.synthetic import generator
-from world_model.data.synthetic.episodes import episode_sentences, read_episodes
+from world_model.data.synthetic.episodes import episode_sentences, read_episodes, sentence_windows
 from world_model.data.synthetic.scenes import FIRST_SCENE_TYPES
 from world_model.evaluation import calibration
 from world_model.evaluation.calibration import fit_temperature, metrics
@@ -111,3 +111,33 @@ def test_a_rollout_reports_known_sentence_probabilities_at_the_saved_temperature
     (folder / "calibration.json").write_text(json.dumps({"temperature": -1}))
     with pytest.raises(ValueError, match="calibration.json: 'temperature' must be a positive number"):
         resolve_readout(folder, known, "auto", vocab, model.config.n_tokens)
+
+
+def test_the_flat_baseline_calibrates_on_the_last_episodes_of_a_split(world, tmp_path):
+    from world_model.evaluation.model_forecasts import candidate_scores as closed_set_scores
+    from world_model.evaluation.model_forecasts import known_sentences
+    from world_model.models.baseline import BaselineModel
+    from world_model.models.baseline_config import BaselineConfig
+
+    _, vocab, known = load_predictor(world / "predictor")
+    with one_torch_thread():
+        torch.manual_seed(0)
+        baseline = BaselineModel(
+            BaselineConfig(content_vocab_size=len(vocab), d_x=4, d_t=2, n_heads=1, n_layers=1, n_states=3)
+        )
+    baseline.save_pretrained(tmp_path / "baseline", vocab=vocab)
+    write_known_sentences(tmp_path / "baseline", known_sentences(known, vocab))
+    with one_torch_thread():
+        train = world / "data" / "train"
+        result = calibration.calibrate(tmp_path / "baseline", train, train, 1)  # fitted and reported on one episode
+    assert result["at_1"]["windows"] == 3 and result["episodes"] == 1  # the last episode's seconds t >= 1
+    assert result["fitted_temperature"] > 0 and result["at_fitted"]["log_loss"] <= result["at_1"]["log_loss"] + 1e-9
+    last = read_episodes(world / "data" / "heldout")[-1:]
+    baseline, vocab, known = load_predictor(tmp_path / "baseline")
+    with one_torch_thread():
+        scores = calibration.candidate_scores(baseline, vocab, last, known)
+        windows = sentence_windows([episode_sentences(r) for r in last], vocab, 3, baseline.config.n_tokens)[:, :-1]
+        expected = baseline.score_sentences(windows, known)
+    kept = scores > float("-inf")  # candidates pruned as unlikely score -inf; the others score exactly
+    assert kept.any(dim=1).all() and torch.allclose(scores[kept], expected.double()[kept], atol=1e-4)
+    assert torch.equal(scores, closed_set_scores(baseline, windows, known).double())

@@ -3,9 +3,11 @@
 For every second t >= 1 of every episode, the predictor reads the window of the sentences before t (as in training,
 `world_model.data.synthetic.episodes.sentence_windows`) and gives each known sentence c a probability
 
-    q_c = softmax_c(score_c / tau),   score_c = the closed-set readout's summed slot log-likelihood
+    q_c = softmax_c(score_c / tau),   score_c = the closed-set readout's score of c
 
-(`world_model.models.decoding`; tau = 1 is what a rollout reports, `world_model.models.explanations`). The simulator
+(the 4-tensor model's summed slot log-likelihood, the flat baseline's teacher-forced log-likelihood, as
+`world_model.evaluation.model_forecasts` scores them; tau = 1 is what a rollout reports without a calibration file,
+`world_model.models.explanations`). The simulator
 knows the exact distribution p of sentence t given its full state at the end of second t - 1 (the episode record's
 "next"), so every metric is an expectation over that distribution, not over the one sentence that happened:
 
@@ -40,9 +42,9 @@ import torch
 
 from world_model.data.synthetic.episodes import episode_sentences, read_episodes, sentence_windows
 from world_model.models.checkpoint import CheckpointError
-from world_model.models.decoding import CALIBRATION_NAME, slot_log_likelihood
+from world_model.models.decoding import CALIBRATION_NAME
 from world_model.models.registry import load_predictor
-from world_model.text.vocab import PAD_ID, UnknownWordError, Vocabulary
+from world_model.text.vocab import UnknownWordError, Vocabulary
 from world_model.utils.cli import SettingsParser, add_verbose, command_line, run_command
 from world_model.utils.eval_mode import eval_mode
 
@@ -76,14 +78,16 @@ def true_distributions(
 
 @torch.no_grad()
 def candidate_scores(model, vocab: Vocabulary, records: Sequence[dict], candidates: torch.Tensor, batch: int = 512):
-    """The closed-set readout's score (S, C) of every known sentence for every window of `records`."""
+    """The closed-set readout's score (S, C) of every known sentence for every window of `records` (the 4-tensor
+    model's or the flat baseline's, as `world_model.evaluation.model_forecasts.candidate_scores` gives them)."""
+    from world_model.evaluation.model_forecasts import candidate_scores as closed_set_scores  # it imports this module
+
     c = model.config
     windows = sentence_windows([episode_sentences(r) for r in records], vocab, c.n_states, c.n_tokens)[:, :-1]
     scores = []
     with eval_mode(model):
         for start in range(0, len(windows), batch):
-            logits = model.readout_logits(model.last_slice_logits(windows[start : start + batch]))
-            scores.append(slot_log_likelihood(logits.log_softmax(dim=-1), candidates, PAD_ID))
+            scores.append(closed_set_scores(model, windows[start : start + batch], candidates))
     return torch.cat(scores).double()
 
 
@@ -138,9 +142,11 @@ def fit_temperature(scores: torch.Tensor, truth: torch.Tensor, outside: torch.Te
     return float(TEMPERATURES[min(range(len(losses)), key=losses.__getitem__)])
 
 
-def calibrate(checkpoint: str | Path, heldout: str | Path, train: str | Path | None = None) -> dict:
+def calibrate(
+    checkpoint: str | Path, heldout: str | Path, train: str | Path | None = None, episodes: int | None = None
+) -> dict:
     """The held-out metrics at temperature 1, overall and per scene, and, given training episodes, the temperature
-    fitted on them and the held-out metrics at it."""
+    fitted on them and the held-out metrics at it; with `episodes`, only the last that many of each split."""
     model, vocab, candidates = load_predictor(checkpoint)
     if candidates is None:
         raise CheckpointError(f"{checkpoint} has no known_sentences.txt: calibration scores its closed set")
@@ -153,7 +159,7 @@ def calibrate(checkpoint: str | Path, heldout: str | Path, train: str | Path | N
             return None
 
     def evaluate(split: str | Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
-        records = read_episodes(split)
+        records = read_episodes(split)[-episodes:] if episodes else read_episodes(split)
         truth, outside, scenes = true_distributions(records, index_of, len(candidates))
         return candidate_scores(model, vocab, records, candidates), truth, outside, scenes
 
@@ -162,6 +168,7 @@ def calibrate(checkpoint: str | Path, heldout: str | Path, train: str | Path | N
         "checkpoint": str(checkpoint),
         "heldout": str(heldout),
         "heldout_made_by": generator_command(heldout),
+        "episodes": episodes,
         "known_sentences": len(candidates),
         "mass_outside_known": float(outside.mean()),
         "at_1": metrics(scores, truth, outside),
@@ -276,6 +283,13 @@ class CalibrationSettings:
     train: str | None = field(
         default=None, metadata={"help": "training split folder (another seed) to fit a temperature on"}
     )
+    episodes: int | None = field(
+        default=None,
+        metadata={
+            "help": "only the last N episodes of each split (of a training split, its last tenth is the validation "
+            "slice training held out)"
+        },
+    )
     save: bool = field(
         default=False,
         metadata={
@@ -293,13 +307,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings, args = parser.parse(argv)
     if settings.save and not settings.train:
         parser.error("--save needs --train: the temperature is fitted on training episodes")
+    if settings.episodes is not None and settings.episodes < 1:
+        parser.error(f"--episodes must be >= 1, got {settings.episodes}")
     command = command_line("world_model.evaluation.calibration", argv)
     return run_command(lambda: calibration_command(settings, command), verbose=args.verbose)
 
 
 def calibration_command(settings: CalibrationSettings, command: str) -> None:
     """The command's work: fit and measure, write the report (and the temperature with --save), print the table."""
-    result = calibrate(settings.checkpoint, settings.heldout, settings.train)
+    result = calibrate(settings.checkpoint, settings.heldout, settings.train, settings.episodes)
     settings.out.mkdir(parents=True, exist_ok=True)
     (settings.out / "results.json").write_text(json.dumps({"command": command, **result}, indent=2) + "\n")
     (settings.out / "results.md").write_text(markdown(result, command))
