@@ -4,6 +4,7 @@ import copy
 import json
 import math
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -211,12 +212,15 @@ def test_report_scores_predictors_seed_by_seed_beside_the_floors(tmp_path, monke
             model.save_pretrained(folder, vocab=vocab)
             write_known_sentences(folder, known)
             folders.setdefault(kind, []).append(str(folder))
+    Path(folders["baseline"][1], "calibration.json").write_text('{"temperature": 2.5}')
     out, cache = tmp_path / "two", tmp_path / "cache"
     args = ["--data", str(data), "--steps", "2", "--four-tensor", *folders["four_tensor"]]
     both = [*args, "--flat-baseline", *folders["baseline"], "--cache", str(cache)]
     assert world_report.main([*both, "--out", str(out)]) == 0
     result = json.loads((out / "results.json").read_text())
     assert len(list(cache.iterdir())) == 4  # one forecast file per checkpoint
+    assert result["settings"]["temperatures"] == {"four_tensor": [1.0, 1.0], "flat_baseline": [1.0, 2.5]}
+    assert "the temperature of each seed: four_tensor 1, 1; flat_baseline 1, 2.5." in (out / "results.md").read_text()
     import world_model.models.registry as registry
 
     monkeypatch.setattr(registry, "load_predictor", lambda folder: pytest.fail(f"loaded {folder} again"))

@@ -10,8 +10,9 @@ are counted on the training episodes' sentences; every cut of every held-out epi
 scored on their k-step marginals (``world_model.evaluation.model_forecasts``), the two kinds paired seed by seed.
 ``DIR`` gets ``results.json``, ``results.md`` and ``accuracy.png``:
 
-    results.json  {"command", "settings", "points", "train_episodes", "targets": {NAME: {"fraction_of_ceiling",
-                   "log_loss_minus_entropy"}}, "scenes": {SCENE or "all": {"episodes", "points", "needs_memory",
+    results.json  {"command", "settings" (with each predictor's "temperatures"), "points", "train_episodes",
+                   "targets": {NAME: {"fraction_of_ceiling", "log_loss_minus_entropy"}},
+                   "scenes": {SCENE or "all": {"episodes", "points", "needs_memory",
                    "k": {"1".."5": {"ceiling_full_state", "ceiling_from_sentences", "entropy_from_sentences",
                    "predictors": {NAME: {"accuracy", "accuracy_ci95", "log_loss", "ece"}},
                    "four_tensor_minus_flat_baseline": {"accuracy", "log_loss"}}}}}}
@@ -183,6 +184,7 @@ def markdown(result: dict, command: str) -> str:
         "interval (over seeds for a predictor trained with several, else over the held-out episodes); log-loss in nats "
         "a sentence. *From sentences*: the best a predictor that reads only the observed sentences can do (entropy: "
         "the log-loss it pays); *full state*: what the simulator's whole state allows.",
+        *temperature_note(result["settings"].get("temperatures", {})),
         "",
         "| scene | episodes | points | ceiling from sentences, k=1 | Markov-2, k=1 | gap | needs memory |",
         "|---|---:|---:|---:|---:|---:|---|",
@@ -220,6 +222,14 @@ def markdown(result: dict, command: str) -> str:
             lines.append(f"| {paired.replace('_', ' ')} | " + " | ".join(difference(r[paired]) for r in ks) + " |")
     lines += ["", "![accuracy by scene and step](accuracy.png)", ""]
     return "\n".join(lines)
+
+
+def temperature_note(temperatures: dict[str, list[float]]) -> list[str]:
+    """A line naming each predictor's confidence temperatures (its folders' calibration.json, 1 without one)."""
+    if not temperatures:
+        return []
+    named = "; ".join(f"{name} {', '.join(f'{t:.3g}' for t in taus)}" for name, taus in temperatures.items())
+    return ["", f"Predictors' distributions are softmax(score / temperature), the temperature of each seed: {named}."]
 
 
 def cell(p: dict) -> str:
@@ -317,6 +327,9 @@ def report_command(settings: WorldReportSettings, command: str) -> None:
     for folder in (*settings.four_tensor, *settings.flat_baseline):
         if not Path(folder).is_dir():
             raise UsageError(f"predictor folder {folder} not found")
+    from world_model.models.decoding import load_confidence_temperature
+
+    temperatures = {name: [load_confidence_temperature(f) for f in folders] for name, folders in predictors.items()}
     result = world_report(settings.data, settings.steps, settings.episodes, predictors, cache=settings.cache)
     record = {
         "command": command,
@@ -325,6 +338,7 @@ def report_command(settings: WorldReportSettings, command: str) -> None:
             "steps": settings.steps,
             "episodes": settings.episodes,
             **{name: [repo_path(f) for f in folders] for name, folders in predictors.items()},
+            "temperatures": {name: taus for name, taus in temperatures.items() if taus},
         },
         **result,
     }
