@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from world_model.models.attention_config import AttentionConfig
-from world_model.models.attention_conversions import tucker_from_grouped, tucker_from_mla
+from world_model.models.attention_conversions import listing_from_mha, tucker_from_grouped, tucker_from_mla
 from world_model.models.attention_family import FamilyAttention
 from world_model.models.attention_projections import BitLinear, ternary
 
@@ -18,7 +18,11 @@ SOURCES = {
     "mla_sep": dict(kind="mla", mla_q_rank=12, mla_kv_rank=6),
     "mla_shared_fullq": dict(kind="mla", mla_kv_rank=6, mla_shared_kv=True),
 }
-ALL_KINDS = {**SOURCES, "tucker": dict(kind="tucker", tucker_ranks=(2, 6, 5), tucker_ranks_out=(3, 7, 9))}
+ALL_KINDS = {
+    **SOURCES,
+    "tucker": dict(kind="tucker", tucker_ranks=(2, 6, 5), tucker_ranks_out=(3, 7, 9)),
+    "tucker_listing": dict(kind="tucker_listing", listing_ranks=(10, 6, 4)),
+}
 
 
 def make(spec, causal=True, seed=0, **extra):
@@ -107,6 +111,33 @@ def test_parameter_and_kv_cache_counts_match_table1(name):
     assert m.kv_cache_size(N) == cache
     _, kv = m(x_of(B=1, L=N))  # what the module actually stores for N tokens
     assert sum(t.numel() for t in kv) == cache
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_mha_maps_to_the_listings_form_at_full_ranks_exactly(causal):
+    src = make(SOURCES["mha"], causal=causal)
+    listing = listing_from_mha(src)
+    assert listing.config.listing_ranks == (D, D, D) and listing.config.causal == causal
+    x = x_of()
+    torch.testing.assert_close(listing(x)[0], src(x)[0], rtol=1e-10, atol=1e-10)
+    with torch.no_grad():  # negative control: a perturbed factor no longer agrees
+        listing.proj.k_factor.weight.add_(0.1 * torch.randn_like(listing.proj.k_factor.weight))
+    assert (listing(x)[0] - src(x)[0]).abs().max() > 1e-4
+    with pytest.raises(ValueError, match="no bitlinear"):
+        listing_from_mha(make(SOURCES["mha"], bitlinear=True))
+
+
+def test_the_listings_form_counts_its_seven_maps_and_caches_whole_keys_and_values():
+    m = make(ALL_KINDS["tucker_listing"])  # ranks (10, 6, 4) at d = n_H d_H = 32
+    expected = 2 * D * (10 + 6 + 4) + D * D  # factors d r and cores r d for Q, K, V, and W_O
+    assert m.parameter_count() == expected == sum(p.numel() for p in m.parameters())
+    assert m.kv_cache_size(5) == 5 * 2 * H * DH  # K and V at every head's width: no cache saved
+    _, kv = m(x_of(B=1, L=5))
+    assert sum(t.numel() for t in kv) == m.kv_cache_size(5)
+    default = make(dict(kind="tucker_listing"))  # the listing's defaults: (d, d/2, d/2)
+    assert default.config.listing_ranks == (D, D // 2, D // 2) and default.parameter_count() == 5 * D * D
+    bit = make(ALL_KINDS["tucker_listing"], bitlinear=True)
+    assert all(isinstance(module, BitLinear) for module in bit.proj.children())
 
 
 def test_tucker_general_ranks_count():

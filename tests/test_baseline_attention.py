@@ -28,6 +28,7 @@ KINDS = {
     "tucker": dict(attention="tucker", tucker_ranks=(2, 3, 3)),
     "tucker_general": dict(attention="tucker", tucker_ranks=[2, 3, 5], tucker_ranks_out=[3, 4, 2]),
     "tucker_bit": dict(attention="tucker", tucker_ranks=(2, 3, 3), bitlinear=True),
+    "listing": dict(attention="tucker_listing", tucker_query_rank=4, tucker_key_rank=3, tucker_value_rank=2),
 }
 
 
@@ -60,6 +61,8 @@ def table1(name: str, n_tokens: int) -> tuple[int, int]:
         return 2 * H * r1 + 4 * d * r + 2 * r1 * r * r, 2 * n_tokens * r
     if name == "tucker_general":  # W (2, 3, 5), W~ (3, 4, 2): factors, cores; cache k~ (r_3) + v~ (r~_2)
         return (H * 2 + d * 3 + d * 5 + 2 * 3 * 5) + (H * 3 + d * 4 + d * 2 + 3 * 4 * 2), n_tokens * (5 + 4)
+    if name == "listing":  # the reference listing's form, ranks (r_Q, r_K, r_V) = (4, 3, 2): K and V cached whole
+        return 2 * d * (4 + 3 + 2) + d * d, 2 * n_tokens * d
     raise KeyError(name)
 
 
@@ -212,6 +215,12 @@ def test_config_dict_round_trip_through_json(name):
     assert BaselineConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
 
 
+def test_the_listings_ranks_default_as_the_listing_does():
+    config = BaselineConfig(content_vocab_size=V, d_x=4, d_t=3, attention="tucker_listing", tucker_key_rank=5)
+    assert config.listing_ranks() == (12, 5, 6)  # r_Q = d, r_K as given, r_V = d // 2
+    assert BaselineModel(config).blocks[0].attention.config.listing_ranks == (12, 5, 6)
+
+
 @pytest.mark.parametrize(
     "bad, message",
     [
@@ -229,6 +238,8 @@ def test_config_dict_round_trip_through_json(name):
         (dict(attention="tucker", tucker_ranks=3), "three positive ints"),
         (dict(attention="mha", tucker_ranks=(2, 3, 3)), "tucker_ranks applies only"),
         (dict(attention="mla", mla_kv_rank=3, tucker_ranks_out=(2, 3, 3)), "tucker_ranks_out applies only"),
+        (dict(attention="tucker", tucker_ranks=(2, 3, 3), tucker_key_rank=2), "tucker_key_rank applies only"),
+        (dict(attention="tucker_listing", tucker_value_rank=0), "three positive ints"),
     ],
 )
 def test_invalid_attention_configs_are_rejected(bad, message):

@@ -16,13 +16,21 @@ from world_model.benchmark.preset import MODEL_LABELS, row_label, seed_suffix
 
 PARETO_FIGURE = "ls4_vs_attention_params.png"
 FAMILY_MARKERS = {"four_tensor": "o", "baseline": "s"}
-KIND_COLORS = {"dense": "tab:gray", "mha": "tab:gray", "gqa": "tab:green", "mla": "tab:purple", "tucker": "tab:red"}
+KIND_COLORS = {
+    "dense": "tab:gray",
+    "mha": "tab:gray",
+    "gqa": "tab:green",
+    "mla": "tab:purple",
+    "tucker": "tab:red",
+    "tucker_listing": "tab:orange",
+}
 KIND_LABELS = {
     "dense": "dense / MHA (reference)",
     "mha": "dense / MHA (reference)",
     "gqa": "GQA",
     "mla": "MLA",
     "tucker": "Tucker",
+    "tucker_listing": "Tucker (reference listing's form)",
 }
 FLOOR_STYLES = (":", "--", "-.", (0, (5, 1, 1, 1, 1, 1)))
 # Where a point's label may go, in points from the point (x, y), in the order tried: beside it, then further out.
@@ -187,7 +195,11 @@ def plot_pareto(results: dict, path: Path) -> None:
     labels = [
         plot_pareto_panel(ax, pair, [r for r in rows if r["pair"] == pair], floors) for ax, pair in zip(axes, pairs)
     ]
-    axes[-1].legend(handles=pareto_legend_handles(floors), fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    listing = any(r.get("kind") == "tucker_listing" for r in rows)
+    kinds = ("dense", "gqa", "mla", "tucker") + (("tucker_listing",) if listing else ())
+    axes[-1].legend(
+        handles=pareto_legend_handles(floors, kinds), fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0)
+    )
     fig.suptitle(f"L_S(4) against attention parameters (preset {results['preset']['name']}; bottom-left is best)")
     fig.tight_layout()
     for ax, panel_labels in zip(axes, labels):
@@ -281,18 +293,15 @@ def _overlap(a: Any, b: Any) -> float:
     return max(0.0, min(a.x1, b.x1) - max(a.x0, b.x0)) * max(0.0, min(a.y1, b.y1) - max(a.y0, b.y0))
 
 
-def pareto_legend_handles(floors: list[dict]) -> list:
-    """The legend of plot_pareto: the model types' markers, the attention kinds' colours, the front's line, the
-    floors' lines."""
+def pareto_legend_handles(floors: list[dict], kinds: tuple[str, ...]) -> list:
+    """The legend of plot_pareto: the model types' markers, the colours of the attention `kinds`, the front's line,
+    the floors' lines."""
     from matplotlib.lines import Line2D
 
     handles = [
         Line2D([], [], linestyle="", marker=m, color="black", label=MODEL_LABELS[t]) for t, m in FAMILY_MARKERS.items()
     ]
-    handles += [
-        Line2D([], [], linestyle="", marker="o", color=KIND_COLORS[k], label=KIND_LABELS[k])
-        for k in ("dense", "gqa", "mla", "tucker")
-    ]
+    handles += [Line2D([], [], linestyle="", marker="o", color=KIND_COLORS[k], label=KIND_LABELS[k]) for k in kinds]
     handles.append(Line2D([], [], linestyle="--", color="black", label="Pareto front (outlined points)"))
     handles += [
         Line2D([], [], linestyle=style, color="gray", label=f"floor: {f['floor']} ({f['val_last_ce']:.2f})")

@@ -1,14 +1,15 @@
 """Configuration of one layer of the 1-D attention family (`world_model.models.attention_family`).
 
 Paper notation: d_model, n_H query heads of width d_H, n_KV key/value heads (GQA), d_c latent widths (MLA),
-(r_1, r_2, r_3) and (r~_1, r~_2, r~_3) the Tucker ranks of W and W~.
+(r_1, r_2, r_3) and (r~_1, r~_2, r~_3) the Tucker ranks of W and W~; r_Q, r_K, r_V the ranks of the reference
+listing's form (`tucker_listing`: a factor d -> r and a core r -> n_H d_H for each of Q, K and V).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-KINDS = ("mha", "gqa", "mla", "tucker")
+KINDS = ("mha", "gqa", "mla", "tucker", "tucker_listing")
 
 
 @dataclass
@@ -18,7 +19,7 @@ class AttentionConfig:
     d_model: int  # d_model
     n_heads: int  # n_H, query heads
     head_dim: int | None = None  # d_H (default d_model // n_heads); sets the softmax scale 1/sqrt(d_H) for every kind
-    kind: str = "mha"  # "mha" | "gqa" | "mla" | "tucker"
+    kind: str = "mha"  # "mha" | "gqa" | "mla" | "tucker" | "tucker_listing"
     n_kv_heads: int | None = None  # n_KV for GQA (1 = MQA); forced to n_heads for MHA
     mla_q_rank: int | None = None  # d_c^Q, the query latent; None = full-rank query map d -> n_H d_H
     mla_kv_rank: int | None = None  # d_c = d_c^K = d_c^V, the key/value latent width
@@ -27,6 +28,7 @@ class AttentionConfig:
     tucker_ranks_out: tuple[int, int, int] | None = (
         None  # (r~_1, r~_2, r~_3) of W~: head, value, output; None = tucker_ranks
     )
+    listing_ranks: tuple[int, int, int] | None = None  # tucker_listing only: (r_Q, r_K, r_V); None = (d, d/2, d/2)
     causal: bool = True  # True: decoder (causal mask); False: encoder (full attention)
     bitlinear: bool = False  # ternary BitLinear for every nn.Linear projection
     bias: bool = False  # projections carry no bias (the Table 1 counts assume none)
@@ -66,6 +68,12 @@ class AttentionConfig:
             for ranks in (self.tucker_ranks, self.tucker_ranks_out):
                 if len(ranks) != 3 or min(ranks) < 1:
                     raise ValueError(f"Tucker ranks must be three positive ints, got {ranks}")
+        elif self.kind == "tucker_listing":
+            half = max(1, self.d_model // 2)
+            ranks = (self.d_model, half, half) if self.listing_ranks is None else self.listing_ranks
+            self.listing_ranks = tuple(int(r) for r in ranks)
+            if len(self.listing_ranks) != 3 or min(self.listing_ranks) < 1:
+                raise ValueError(f"tucker_listing ranks (r_Q, r_K, r_V) must be three positive ints, got {ranks}")
         if not 0.0 <= self.dropout <= 1.0:
             raise ValueError(f"dropout must lie in [0, 1], got {self.dropout}")
 

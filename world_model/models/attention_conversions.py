@@ -1,4 +1,5 @@
-"""Special cases of Tucker Attention: MHA / GQA / MLA weights mapped into a Tucker layer with identical outputs.
+"""Special cases of Tucker Attention: MHA / GQA / MLA weights mapped into a Tucker layer with identical outputs;
+and MHA mapped into the reference listing's form (`listing_from_mha`).
 
 See `world_model.models.attention_family` for the notation (U_1, U_2, U_3, C of W; U~_1, U~_2, U~_3, C~ of W~).
 """
@@ -102,4 +103,30 @@ def tucker_from_mla(src: FamilyAttention) -> FamilyAttention:
     for h in range(H):
         core_vo[h, :, h * d_h : (h + 1) * d_h] = uv[h].T
     t.core_vo.copy_(core_vo)
+    return out
+
+
+@torch.no_grad()
+def listing_from_mha(src: FamilyAttention) -> FamilyAttention:
+    """MHA -> the reference listing's form at full ranks (d, d, d) with the same outputs: identity factors, the MHA
+    maps W_Q, W_K, W_V as cores, W_O kept (exact in real arithmetic). Needs d_model = n_H d_H and no `bitlinear`
+    (a ternary identity is the identity scaled by 1/d)."""
+    c = src.config
+    if c.kind != "mha" or c.inner != c.d_model or c.bitlinear:
+        raise ValueError(f"listing_from_mha maps mha with d_model = n_H d_H and no bitlinear, got {c}")
+    cfg = AttentionConfig(
+        d_model=c.d_model, n_heads=c.n_heads, head_dim=c.head_dim, kind="tucker_listing",
+        listing_ranks=(c.d_model,) * 3, causal=c.causal, bitlinear=c.bitlinear, dropout=c.dropout,
+    )  # fmt: skip
+    out = FamilyAttention(cfg).to(device=src.proj.W_o.weight.device, dtype=src.proj.W_o.weight.dtype)
+    p, t = src.proj, out.proj
+    eye = torch.eye(c.d_model, dtype=p.W_q.weight.dtype, device=p.W_q.weight.device)
+    for factor, core, weight in (
+        (t.q_factor, t.q_core, p.W_q),
+        (t.k_factor, t.k_core, p.W_k),
+        (t.v_factor, t.v_core, p.W_v),
+    ):
+        factor.weight.copy_(eye)  # (r = d, d)
+        core.weight.copy_(weight.weight)  # (n_H d_H, r)
+    t.W_o.weight.copy_(p.W_o.weight)
     return out

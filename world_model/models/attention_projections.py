@@ -199,4 +199,58 @@ class TuckerProjection(nn.Module):
         return total
 
 
-PROJECTIONS = {"mha": GroupedProjection, "gqa": GroupedProjection, "mla": LatentProjection, "tucker": TuckerProjection}
+class ListingProjection(nn.Module):
+    """The reference listing's TuckerAttention: for each of Q, K and V a factor (d -> r) then a core
+    (r -> n_H d_H), so W_Q = core_Q factor_Q is of rank at most r_Q (likewise K, V); W_O (n_H d_H -> d) is dense.
+
+    Keys and values are formed whole, n_H d_H each a token, and cached so: this form saves parameters, not KV
+    cache (caching the r_K + r_V factor outputs instead would make it MLA with an up-projection per head).
+    At ranks (d, d, d) with identity factors it is MHA; GQA and MLA are not special cases of it (their shared or
+    latent keys are still projected to every head's width here). With `bitlinear` all seven maps are ternary.
+    """
+
+    def __init__(self, c: AttentionConfig):
+        super().__init__()
+        self.n_heads, self.d_h = c.n_heads, c.head_dim
+        r_q, r_k, r_v = c.listing_ranks
+        self.q_factor, self.q_core = _linear(c, c.d_model, r_q), _linear(c, r_q, c.inner)
+        self.k_factor, self.k_core = _linear(c, c.d_model, r_k), _linear(c, r_k, c.inner)
+        self.v_factor, self.v_core = _linear(c, c.d_model, r_v), _linear(c, r_v, c.inner)
+        self.W_o = _linear(c, c.inner, c.d_model)
+
+    def _heads(self, t):  # (B, L, n_H d_H) -> (B, H, L, d_H)
+        B, L, _ = t.shape
+        return t.view(B, L, self.n_heads, self.d_h).transpose(1, 2)
+
+    def cache_widths(self) -> tuple[int, ...]:
+        return (self.n_heads * self.d_h, self.n_heads * self.d_h)
+
+    def cache_entries(self, x):  # x (B, L, d) -> K, V (B, L, n_H d_H)
+        return self.k_core(self.k_factor(x)), self.v_core(self.v_factor(x))
+
+    def queries(self, x):  # (B, L, d) -> (B, H, L, d_H)
+        return self._heads(self.q_core(self.q_factor(x)))
+
+    def keys_values(self, cache):  # K, V (B, S, n_H d_H) -> (B, H, S, d_H) each
+        return tuple(self._heads(t) for t in cache)
+
+    def output(self, o):  # o (B, H, L, d_H) -> (B, L, d)
+        B, H, L, _ = o.shape
+        return self.W_o(o.transpose(1, 2).reshape(B, L, H * self.d_h))
+
+    def parameter_count(self) -> int:
+        """(d + n_H d_H)(r_Q + r_K + r_V) + n_H d_H d. At d = n_H d_H: 2 d (r_Q + r_K + r_V) + d^2, so 5 d^2 at the
+        listing's default ranks (d, d/2, d/2) and 7 d^2 at full ranks; fewer than MHA's 4 d^2 only when
+        r_Q + r_K + r_V < 3 d / 2."""
+        d, inner = self.W_o.out_features, self.W_o.in_features
+        ranks = sum(f.out_features for f in (self.q_factor, self.k_factor, self.v_factor))
+        return (d + inner) * ranks + inner * d
+
+
+PROJECTIONS = {
+    "mha": GroupedProjection,
+    "gqa": GroupedProjection,
+    "mla": LatentProjection,
+    "tucker": TuckerProjection,
+    "tucker_listing": ListingProjection,
+}

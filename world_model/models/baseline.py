@@ -25,7 +25,8 @@ the default attention only.
 Attention kind. `attention` picks the self-attention of every block from the 1-D attention
 family of the Tucker Attention paper (`world_model.models.attention_family`): "mha" (default), "gqa"
 (`n_kv_heads`), "mla" (`mla_kv_rank`, optional `mla_q_rank`, `mla_shared_kv`) or "tucker"
-(`tucker_ranks` (r_1, r_2, r_3) of W, optional `tucker_ranks_out` of W~), with `bitlinear` for ternary
+(`tucker_ranks` (r_1, r_2, r_3) of W, optional `tucker_ranks_out` of W~) or "tucker_listing" (the reference
+listing's form: `tucker_query_rank`, `tucker_key_rank`, `tucker_value_rank`), with `bitlinear` for ternary
 projections. The default (mha, no bitlinear) keeps the original `CausalSelfAttention` (one stacked W_qkv),
 so its parameter names, count and old checkpoints are unchanged; every other choice puts a causal
 `FamilyAttention` (head width d / H, no attention dropout) in its place, with that kind's KV cache.

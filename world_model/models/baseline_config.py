@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, fields
 from world_model.models.attention_config import KINDS as ATTENTION_KINDS
 from world_model.models.attention_config import AttentionConfig
 
+LISTING_RANKS = ("tucker_query_rank", "tucker_key_rank", "tucker_value_rank")
 POSITIONS = ("sinusoidal", "learned", "rotary")
 
 
@@ -29,13 +30,17 @@ class BaselineConfig:
     # (parameter-free, RoFormer: queries and keys rotated by their positions, nothing added; default attention only)
     positions: str = "sinusoidal"
     # Attention kind from the family (see the module docstring); the defaults are the original model.
-    attention: str = "mha"  # "mha" | "gqa" | "mla" | "tucker"
+    attention: str = "mha"  # "mha" | "gqa" | "mla" | "tucker" | "tucker_listing"
     n_kv_heads: int | None = None  # gqa only: key/value heads n_KV dividing n_heads (1 = MQA)
     mla_kv_rank: int | None = None  # mla only: latent width d_c of keys/values (required)
     mla_q_rank: int | None = None  # mla only: query latent d_c^Q; None = full-rank query map
     mla_shared_kv: bool = False  # mla only: one latent c_KV for keys and values
     tucker_ranks: tuple[int, int, int] | None = None  # tucker only: (r_1, r_2, r_3) of W (required)
     tucker_ranks_out: tuple[int, int, int] | None = None  # tucker only: (r~_1, r~_2, r~_3) of W~; None = tucker_ranks
+    # tucker_listing only (the reference listing's form): the ranks of the Q, K and V factors; None = d, d/2, d/2
+    tucker_query_rank: int | None = None
+    tucker_key_rank: int | None = None
+    tucker_value_rank: int | None = None
     bitlinear: bool = False  # ternary BitLinear attention projections (always a FamilyAttention)
     # Not in the paper (which packs with no separators): [BOS] once more after S(T-1), so the model sees where
     # the sentence it writes begins. No new parameter; the "marker" row of the cpu benchmark.
@@ -84,6 +89,7 @@ class BaselineConfig:
             "mla_shared_kv": ("mla", bool(self.mla_shared_kv)),
             "tucker_ranks": ("tucker", self.tucker_ranks is not None),
             "tucker_ranks_out": ("tucker", self.tucker_ranks_out is not None),
+            **{name: ("tucker_listing", getattr(self, name) is not None) for name in LISTING_RANKS},
         }
         for name, (kind, is_set) in only.items():
             if is_set and self.attention != kind:
@@ -110,10 +116,18 @@ class BaselineConfig:
             mla_shared_kv=self.mla_shared_kv,
             tucker_ranks=self.tucker_ranks,
             tucker_ranks_out=self.tucker_ranks_out,
+            listing_ranks=self.listing_ranks(),
             causal=True,
             bitlinear=self.bitlinear,
             dropout=0.0,
         )
+
+    def listing_ranks(self) -> tuple[int, int, int] | None:
+        """(r_Q, r_K, r_V) of the tucker_listing attention, each defaulting as the listing does (d, d/2, d/2)."""
+        if self.attention != "tucker_listing":
+            return None
+        defaults = (self.d, max(1, self.d // 2), max(1, self.d // 2))
+        return tuple(d if r is None else r for r, d in zip((getattr(self, n) for n in LISTING_RANKS), defaults))
 
     @classmethod
     def from_vocabulary(cls, vocab_size: int, **hyper) -> "BaselineConfig":
