@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import re
 import stat
 import subprocess
@@ -277,8 +278,20 @@ def _to_rgb(bgr: np.ndarray, max_side: int) -> np.ndarray:
     return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
 
 
+def check_file_name(path: Path) -> None:
+    """Raise ``VideoError`` when ``path`` is not valid UTF-8 (OpenCV's FFmpeg reader crashes the process on one)."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        raise VideoError(
+            f"The path {shown} is not valid UTF-8, which the video reader cannot open; rename it"
+        ) from None
+
+
 def _open(path: Path) -> tuple[cv2.VideoCapture, VideoInfo]:
     """Open ``path`` for decoding with auto-rotation on, or raise ``VideoError`` saying why not."""
+    check_file_name(path)
     if not path.exists():
         raise VideoError(f"Video file not found: {path}")
     if path.is_dir():

@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 from tqdm.auto import tqdm
 
-from encoders.frames import sample_frames
+from encoders.frames import check_file_name, sample_frames
 from encoders.grounding import clip_verdict
 from pipeline.components import load_captioner, load_predictor, load_readout, load_renderer
 from pipeline.config import FrameSampling, ModelChoice, OutputConfig, Plan, make_plan
@@ -105,6 +105,7 @@ def run_rollout(
     check_device(models.device)
     plan = make_plan(models, frames)
     video = Path(video)
+    check_file_name(video)  # before a run folder is named after it
     with run_folder(output.out_dir, output.overwrite, video.stem) as (out_dir, staging):
         record, observed, rendered = run_in(staging, video, steps, plan, generation, output, report)
         replace_dir(staging, out_dir)

@@ -157,3 +157,23 @@ def test_verbose_shows_the_traceback_of_an_unexpected_failure(models, clip, tmp_
         assert "Traceback" in err and 'raise RuntimeError("decoder crashed")' in err
         assert err.endswith("error: internal failure (RuntimeError: decoder crashed)\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_clip_whose_name_is_not_utf8_is_refused_before_anything_is_written(
+    models, clip, tmp_path, capsys, monkeypatch
+):
+    import os
+    import shutil
+
+    folder = tmp_path / "clips"
+    folder.mkdir()
+    bad = os.path.join(os.fsencode(folder), b"bad\xff\xfename.mp4")  # a name OpenCV's reader would crash on
+    shutil.copyfile(clip, bad)
+    video = os.fsdecode(bad)
+    monkeypatch.chdir(tmp_path)  # where the default runs/ folder would go
+    with one_torch_thread():
+        code = main([video, *models])  # the default run folder would be named after the clip
+    err = capsys.readouterr().err
+    assert code == 2 and "bad\\xff\\xfename.mp4 is not valid UTF-8" in err and "Traceback" not in err
+    assert sorted(os.listdir(folder)) == [bad.rsplit(b"/", 1)[1].decode("utf-8", "surrogateescape")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clips"]  # no runs/, no lock, no staging
