@@ -442,6 +442,9 @@ def test_bad_config_and_data_fail_before_training(data_dir, tmp_path, capsys):
     config.write_text("model: {type: four_tensor}\ntrainng: {lr: 0.1}\n")
     assert train_mod.main(["--config", str(config), "--data", str(data_dir), "--out", str(tmp_path / "c")]) == 2
     assert "trainng" in capsys.readouterr().err
+    config.write_text("# nothing yet\n")  # an empty config is not the defaults (100 epochs) in disguise
+    assert train_mod.main(["--config", str(config), "--data", str(data_dir), "--out", str(tmp_path / "c")]) == 2
+    assert "the config file is empty" in capsys.readouterr().err and not (tmp_path / "c").exists()
 
 
 def test_shipped_configs_load():

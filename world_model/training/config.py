@@ -237,4 +237,8 @@ def load_config(path: str | os.PathLike) -> dict:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({err})") from err
-    return validate_config(data if data is not None else {}, source=str(path))
+    if data is None:  # an empty file (or only comments) would silently be every default, 100 epochs included
+        raise ConfigError(
+            f"{path}: the config file is empty; give its model and training sections (configs/world_model/)"
+        )
+    return validate_config(data, source=str(path))
