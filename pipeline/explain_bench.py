@@ -26,10 +26,10 @@ import torch
 
 from pipeline.components import load_predictor, load_readout
 from pipeline.presets import PROJECT_ROOT
-from pipeline.rollout import predict
+from pipeline.rollout import MAX_STEPS, predict
 from world_model.models.generation_config import GenerationConfig
 from world_model.text.windows import caption_states, caption_window
-from world_model.utils.cli import settings_main
+from world_model.utils.cli import check_range, settings_main
 
 OFFLINE = PROJECT_ROOT / "offline_pack" / "predictor"
 ROCSTORIES = PROJECT_ROOT / "world_model" / "pretrained" / "rocstories-cpu"
@@ -107,6 +107,10 @@ class OverheadSettings:
     steps: int = field(default=5, metadata={"help": "predicted steps per rollout (default 5)"})
     repeats: int = field(default=30, metadata={"help": "timed runs with and without (default 30)"})
     out: Path | None = field(default=None, metadata={"help": "folder for overhead.json and overhead.md"})
+
+    def __post_init__(self) -> None:
+        check_range("--steps", self.steps, 1, MAX_STEPS)
+        check_range("--repeats", self.repeats, 1)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -377,6 +377,40 @@ def test_bad_input_to_train_evaluate_and_benchmark_exits_2_with_one_line(tmp_pat
     assert_one_error(err, says)
 
 
+@pytest.mark.parametrize(
+    "module, args, says",
+    [
+        ("world_model.data.synthetic.generator", ["generate", "--episodes", "1", "--out", "{tmp}", "--size", "0"],
+         "--size must be between 16 and 1,024, got 0"),
+        ("world_model.training.coherence", ["--checkpoint", "{tmp}", "--data", "{tmp}", "--seeds", "0", "-1"],
+         "--seeds must be >= 0, got -1"),
+        ("world_model.benchmark.speed", ["--vocab-size", "0"], "--vocab-size must be >= 1"),
+        ("pipeline.explain_bench", ["--repeats", "0"], "--repeats must be >= 1, got 0"),
+        ("pipeline.pack.train_captioner", ["--data", "{tmp}", "--out", "{tmp}/c", "--batch-size", "0"],
+         "--batch-size must be >= 1, got 0"),
+        ("pipeline.pack.train_captioner", ["--data", "{tmp}", "--out", "{tmp}/c", "--max-steps", "0"],
+         "--max-steps must be >= 1, got 0"),
+        ("pipeline.pack.train_captioner", ["--data", "{tmp}", "--out", "{tmp}/c", "--patch-size", "0"],
+         "--patch-size must be >= 1, got 0"),
+        ("pipeline.pack.train_renderer", ["--data", "{tmp}", "--out", "{tmp}/r", "--batch-size", "0"],
+         "--batch-size must be >= 1, got 0"),
+        ("pipeline.pack.train_renderer", ["--data", "{tmp}", "--out", "{tmp}/r", "--max-steps", "-1"],
+         "--max-steps must be >= 1, got -1"),
+        ("pipeline.pack.train_renderer", ["--data", "{tmp}", "--out", "{tmp}/r", "--lr", "inf"],
+         "--lr must be a finite number, got inf"),
+    ],
+)  # fmt: skip
+def test_a_setting_out_of_range_exits_2_naming_it_before_any_work(tmp_path, capsys, module, args, says):
+    import importlib
+
+    main = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as stopped:
+        main([a.format(tmp=tmp_path) for a in args])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and says in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing was made
+
+
 def test_an_internal_failure_exits_1_and_points_to_verbose(capsys, monkeypatch):
     def broken():
         raise RuntimeError("a bug")
@@ -399,6 +433,7 @@ def test_an_internal_failure_exits_1_and_points_to_verbose(capsys, monkeypatch):
         (["--temp-root", "{file}"], "--temp-root {file} is a file, not a folder"),
         (["--temp-root", "{file}/runs"], "--temp-root {file}/runs/request: {file} is a file, not a folder"),
         (["--device", "bogus"], "--device bogus is not a device"),
+        (["--seed", "-1"], "--seed must be >= 0, got -1"),
     ],
 )
 def test_bad_demo_flags_are_refused_before_the_server_starts(tmp_path, capsys, monkeypatch, args, says):

@@ -68,6 +68,8 @@ class DemoConfig:
                 raise ValueError(f"{flag} must be a positive number, got {value}")
         if not (math.isfinite(self.interval) and self.interval > 0):
             raise ValueError(f"--interval must be a positive number of seconds, got {self.interval}")
+        if self.seed < 0:  # torch takes no negative seed: every request would fail
+            raise ValueError(f"--seed must be >= 0, got {self.seed}")
         self.temp_root = Path(self.temp_root) if self.temp_root else default_temp_root()
         if self.temp_root.exists() and not self.temp_root.is_dir():
             raise ValueError(f"--temp-root {self.temp_root} is a file, not a folder")

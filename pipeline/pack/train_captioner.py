@@ -52,7 +52,7 @@ from world_model.data.synthetic.simulation import STRIP_SIZE
 from world_model.text.vocab import same_sentence
 from world_model.text.word_tokenizer import build_word_tokenizer
 from world_model.training.schedule import warmup_cosine
-from world_model.utils.cli import INPUT_ERRORS, SettingsParser, add_verbose, run_command
+from world_model.utils.cli import INPUT_ERRORS, SettingsParser, add_verbose, check_positive, check_range, run_command
 from world_model.utils.files import atomic_dir, write_json_atomic
 
 BEST_DIR = "best"
@@ -85,6 +85,16 @@ class TrainConfig:
     val_episodes: int = 75
     augment: bool = True
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("patch_size", "encoder_hidden", "encoder_layers", "encoder_heads", "decoder_hidden",
+                     "decoder_layers", "decoder_heads", "batch_size", "max_steps", "eval_every", "patience",
+                     "val_episodes"):  # fmt: skip
+            check_range(f"--{name.replace('_', '-')}", getattr(self, name), 1)
+        check_positive("--lr", self.lr)
+        check_range("--weight-decay", self.weight_decay, 0)
+        check_range("--warmup-steps", self.warmup_steps, 0)
+        check_range("--seed", self.seed, 0)
 
 
 def build_captioner(tokenizer: PreTrainedTokenizerFast, config: TrainConfig) -> VisionEncoderDecoderModel:

@@ -46,7 +46,7 @@ from encoders.world_dataset import read_states
 from renderers.pixel_pipeline import PixelPipelineConfig, PixelTextToImagePipeline, build_pixel_pipeline, check_solver
 from world_model.data.synthetic.simulation import STATE_FRAMES
 from world_model.training.schedule import warmup_cosine
-from world_model.utils.cli import SettingsParser, add_verbose, run_command
+from world_model.utils.cli import SettingsParser, add_verbose, check_positive, check_range, run_command
 from world_model.utils.files import atomic_dir, write_json_atomic
 
 PIPELINE_DIR = "pipeline"
@@ -73,6 +73,17 @@ class TrainConfig:
     seed: int = 0
     threads: int = 1
     bf16: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "max_steps", "log_every", "threads"):
+            check_range(f"--{name.replace('_', '-')}", getattr(self, name), 1)
+        for name in ("lr", "max_minutes", "sample_minutes", "save_minutes", "snr_cap"):
+            check_positive(f"--{name.replace('_', '-')}", getattr(self, name))
+        for name in ("weight_decay", "warmup_steps", "motion_weight", "seed"):
+            check_range(f"--{name.replace('_', '-')}", getattr(self, name), 0)
+        check_range("--final-lr-fraction", self.final_lr_fraction, 0, 1)
+        check_range("--text-dropout", self.text_dropout, 0, 1)
+        check_range("--ema-max-decay", self.ema_max_decay, 0, 1)
 
 
 def to_model_range(images: np.ndarray) -> torch.Tensor:

@@ -159,7 +159,7 @@ class SpeedSettings:
     json: Path | None = field(default=None, metadata={"help": "also write the figures to this JSON file"})
 
     def __post_init__(self) -> None:
-        for name in ("steps", "rounds", "batch_size", "peak_size", "rollout_repeats", "profile_steps"):
+        for name in ("vocab_size", "steps", "rounds", "batch_size", "peak_size", "rollout_repeats", "profile_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
         if not self.timed_precisions or any(p not in PRECISIONS for p in self.timed_precisions):

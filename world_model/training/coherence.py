@@ -41,7 +41,7 @@ from world_model.models.coherence_head import (
 )
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import PAD_ID
-from world_model.utils.cli import UsageError, check_output, check_writable, settings_main
+from world_model.utils.cli import UsageError, check_output, check_range, check_writable, settings_main
 from world_model.utils.files import write_json_atomic
 
 # The predictor's ratio weight is never negative: a negative weight prefers the endings the story makes less likely,
@@ -258,6 +258,12 @@ class CoherenceSettings:
     overwrite: bool = field(
         default=False, metadata={"help": "replace a coherence head already in --out, and an existing --report file"}
     )
+
+    def __post_init__(self) -> None:
+        if not self.seeds:
+            raise ValueError("--seeds needs at least one seed")
+        for seed in self.seeds:
+            check_range("--seeds", seed, 0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

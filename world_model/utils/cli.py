@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import math
 import os
 import shlex
 import signal
@@ -251,6 +252,30 @@ def check_writable(path: str | os.PathLike, flag: str = "--out") -> None:
             pass
     except OSError as err:
         raise UsageError(f"{flag} {path} cannot be written: {ancestor}: {err.strerror or err}") from None
+
+
+def check_range(flag: str, value: float | None, low: float | None = None, high: float | None = None) -> None:
+    """A ValueError naming `flag` unless `value` (None passes: an unset optional setting) is a finite number in
+    [low, high] (None: unbounded on that side). Settings dataclasses call it from ``__post_init__``, so a value out
+    of range exits 2 at parse time, before any work."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{flag} must be a finite number, got {value!r}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        shown = lambda x: f"{x:,}" if isinstance(x, int) else f"{x:g}"  # noqa: E731
+        if low is not None and high is not None:
+            span = f"between {shown(low)} and {shown(high)}"
+        else:
+            span = f">= {shown(low)}" if low is not None else f"<= {shown(high)}"
+        raise ValueError(f"{flag} must be {span}, got {shown(value)}")
+
+
+def check_positive(flag: str, value: float | None) -> None:
+    """A ValueError naming `flag` unless `value` (None passes) is a finite number above 0 (a rate, a duration)."""
+    check_range(flag, value)
+    if value is not None and value <= 0:
+        raise ValueError(f"{flag} must be > 0, got {value:g}")
 
 
 def check_output(

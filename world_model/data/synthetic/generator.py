@@ -30,12 +30,13 @@ from world_model.data.synthetic.simulation import (
     DEFAULT_SECONDS,
     DEFAULT_SIZE,
     MAX_EPISODES,
+    MIN_SIZE,
     SPLITS,
     episode_seed,
     simulate,
 )
 from world_model.text.vocab import Vocabulary, tokenize
-from world_model.utils.cli import SettingsParser, add_verbose, run_command
+from world_model.utils.cli import SettingsParser, add_verbose, check_range, run_command
 from world_model.utils.video import write_video
 
 
@@ -133,6 +134,13 @@ class GenerateSettings:
     fps: int = DEFAULT_FPS
     size: int = DEFAULT_SIZE
     overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        check_range("--episodes", self.episodes, 1, MAX_EPISODES)
+        check_range("--seed", self.seed, 0)
+        check_range("--seconds", self.seconds, 1, 600)
+        check_range("--fps", self.fps, 1, 120)
+        check_range("--size", self.size, MIN_SIZE, 1024)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

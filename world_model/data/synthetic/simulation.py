@@ -25,6 +25,7 @@ MAX_EPISODES = 1_000_000  # per base seed; keeps the episode seed streams of dif
 DEFAULT_SECONDS = 14  # long enough that a sentence can depend on one ten seconds before it (scenes)
 DEFAULT_FPS = 12
 DEFAULT_SIZE = 96
+MIN_SIZE = 16  # pixels a side: the smallest frame the scenes are drawn legibly in (the tests' worlds)
 # How the offline pack sees one second of a clip: STATE_FRAMES frames of it (first, middle, last) tiled left to right
 # into one strip of STRIP_SIZE (encoders.world_dataset decodes them; the pack's captioner reads and its renderer draws them).
 STATE_FRAMES = 3
