@@ -281,6 +281,21 @@ def test_time_budget_stops_after_an_epoch_and_resumes(data_dir, tmp_path):
     assert (summary["stop_reason"], summary["last_epoch"], summary["resumed_from_epoch"]) == ("max_epochs", 2, 1)
 
 
+def test_a_damaged_resume_names_the_damaged_file(data_dir, tmp_path):
+    out = tmp_path / "damaged"
+    train(copy.deepcopy(TINY), data_dir, out, max_epochs=1, progress=False)
+    run_json = (out / "run.json").read_text()
+    (out / "run.json").write_text("{cut sh")
+    with pytest.raises(TrainingError, match=f"{out / 'run.json'} is damaged .*cannot be resumed"):
+        train(copy.deepcopy(TINY), data_dir, out, max_epochs=2, resume=True, progress=False)
+    (out / "run.json").write_text(run_json)
+    import pickle
+
+    (out / "last" / "optimizer.safetensors").write_bytes(pickle.dumps({"state": 1}))  # a pickle, not safetensors
+    with pytest.raises(CheckpointError, match="optimizer.safetensors is missing or damaged"):
+        train(copy.deepcopy(TINY), data_dir, out, max_epochs=2, resume=True, progress=False)
+
+
 def test_a_resume_on_another_thread_count_is_recorded_and_said(data_dir, tmp_path, capsys):
     """The thread count decides the order of a matmul's sums, so a run repeats to the last decimal only on its own:
     run.json and summary.json record it, and a resume that differs says so."""

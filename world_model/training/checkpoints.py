@@ -20,10 +20,11 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -31,6 +32,7 @@ from world_model.models.checkpoint import CheckpointError, check_state_dict, rea
 from world_model.text.vocab import Vocabulary
 from world_model.training.config import ConfigError, TrainingConfig, validate_config
 from world_model.training.schedule import schedule_follows_max_epochs
+from world_model.utils.cli import one_line
 from world_model.utils.files import replace_dir, write_json_atomic
 
 RUN_FILE = "run.json"
@@ -130,15 +132,37 @@ def find_state_dir(out: Path) -> Path | None:
 
 
 def load_training_state(folder: Path) -> tuple[dict[str, torch.Tensor], dict, tuple[dict, dict], dict]:
-    """(model weights, optimizer state_dict, (rng tensors, rng meta), state) of a folder from save_training_state."""
+    """(model weights, optimizer state_dict, (rng tensors, rng meta), state) of a folder from save_training_state;
+    a CheckpointError naming the file that is missing or damaged."""
+
+    def read(name: str, load: Callable[[Path], object]):
+        try:
+            return load(folder / name)
+        except (OSError, ValueError, SafetensorError) as err:
+            raise CheckpointError(
+                f"{folder / name} is missing or damaged, so {folder} is not a complete resume state: {err}"
+            ) from err
+
+    state = read("state.json", lambda path: json.loads(path.read_text()))
+    opt_meta = read("optimizer.json", lambda path: json.loads(path.read_text()))
     try:
-        state = json.loads((folder / "state.json").read_text())
-        opt_meta = json.loads((folder / "optimizer.json").read_text())
-        opt = unflatten_optimizer_state(load_file(folder / "optimizer.safetensors"), opt_meta)
-        rng = (load_file(folder / "rng.safetensors"), state.pop("rng"))
-    except (OSError, ValueError, KeyError) as err:
-        raise CheckpointError(f"{folder} is not a complete resume state: {err}") from err
+        opt = unflatten_optimizer_state(read("optimizer.safetensors", load_file), opt_meta)
+        rng = (read("rng.safetensors", load_file), state.pop("rng"))
+    except (ValueError, KeyError) as err:
+        raise CheckpointError(f"{folder} is not a complete resume state (optimizer.json or state.json): {err}") from err
     return read_state_dict(folder / "model"), opt, rng, state
+
+
+def read_run_record(out: Path) -> dict:
+    """OUT/run.json, or a TrainingError naming it when it is unreadable or not a JSON object."""
+    path = out / RUN_FILE
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise TrainingError(f"{path} is damaged ({one_line(err)}); this run cannot be resumed") from err
+    if not isinstance(record, dict):
+        raise TrainingError(f"{path} is damaged (not a JSON object); this run cannot be resumed")
+    return record
 
 
 @dataclass
@@ -201,7 +225,7 @@ def check_run_folder(out: Path, run_record: dict, resume: bool) -> Path | None:
         raise TrainingError(
             f"{out} holds {', '.join(found)} but no {RUN_FILE}; it is not a run this trainer can resume"
         )
-    saved = json.loads((out / RUN_FILE).read_text())
+    saved = read_run_record(out)
     saved = {k: saved.get(k) for k in run_record}  # the requested run: config and training subset
     try:  # fields added to the configs since the run started take their defaults
         saved["config"] = validate_config(saved["config"], source=f"{out / RUN_FILE}")

@@ -24,7 +24,6 @@ import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while 
 
 # isort: split
 import contextlib
-import json
 import os
 import sys
 import time
@@ -103,7 +102,7 @@ def resume_run(
     if state_dir is not None:
         resumed = checkpoints.resume_from(state_dir, model, data.vocab, len(data.train_windows), data_dir)
         say(f"resuming {out} after epoch {resumed.epoch}")
-        record = json.loads((out / checkpoints.RUN_FILE).read_text())
+        record = checkpoints.read_run_record(out)
         before = record.get("num_processes")
         if before not in (None, accelerator.num_processes):
             say(
