@@ -18,6 +18,8 @@ from pipeline.presets import PipelinePreset, choose_preset
 from world_model.utils.hub import default_device
 
 MAX_FRAMES = 256  # sampled frames per run
+MAX_FRAMES_PER_STATE = 16  # frames tiled into one state strip
+MIN_FPS, MAX_FPS = 0.1, 60.0  # frame rates of rollout.mp4 a player shows as a video
 DEFAULT_INTERVAL_S = 1.0
 
 
@@ -82,11 +84,12 @@ class FrameSampling:
         if not 1 <= self.max_frames <= MAX_FRAMES:
             raise ConfigError(f"--max-frames must be between 1 and {MAX_FRAMES}, got {self.max_frames}")
         if self.frames_per_state is not None and (
-            self.frames_per_state < 1 or (self.frames_per_state > 1 and self.num_frames is not None)
+            not 1 <= self.frames_per_state <= MAX_FRAMES_PER_STATE
+            or (self.frames_per_state > 1 and self.num_frames is not None)
         ):
             raise ConfigError(
-                f"--frames-per-state must be at least 1, and 1 with --frames (evenly spaced frames); got "
-                f"{self.frames_per_state}; sample with --interval instead"
+                f"--frames-per-state must be between 1 and {MAX_FRAMES_PER_STATE}, and 1 with --frames (evenly "
+                f"spaced frames); got {self.frames_per_state}"
             )
 
     @property
@@ -116,8 +119,8 @@ class OutputConfig:
     def __post_init__(self) -> None:
         if self.out_dir is not None:
             self.out_dir = Path(self.out_dir)
-        if not (math.isfinite(self.fps) and self.fps > 0):
-            raise ConfigError(f"--fps must be a positive number, got {self.fps}")
+        if not (math.isfinite(self.fps) and MIN_FPS <= self.fps <= MAX_FPS):
+            raise ConfigError(f"--fps must be between {MIN_FPS:g} and {MAX_FPS:g} frames a second, got {self.fps:g}")
         if self.on_unknown not in ("warn", "stop"):
             raise ConfigError(f"--on-unknown must be one of warn, stop, got {self.on_unknown!r}")
 

@@ -111,14 +111,17 @@ def test_frames_option_takes_evenly_spaced_frames(models, clip, tmp_path, capsys
         (["--interval", "nan"], "--interval must be a positive number of seconds, got nan"),
         (["--temperature", "-1"], "--temperature must be 0 (greedy) or positive, got -1.0"),
         (["--temperature", "1", "--top-k", "0"], "--top-k must be at least 1, got 0"),
-        (["--fps", "0"], "--fps must be a positive number, got 0.0"),
+        (["--fps", "0"], "--fps must be between 0.1 and 60 frames a second, got 0"),
+        (["--fps", "1e-9"], "--fps must be between 0.1 and 60 frames a second, got 1e-09"),
+        (["--fps", "1e9"], "--fps must be between 0.1 and 60 frames a second, got 1e+09"),
+        (["--frames-per-state", "1000000000"], "--frames-per-state must be between 1 and 16"),
     ],
 )
 def test_bad_settings_are_refused_before_any_work(models, clip, tmp_path, capsys, monkeypatch, options, message):
     called = []
     monkeypatch.setattr(rollout_module, "sample_frames", lambda *a, **k: called.append(1))
     code, out, printed, err = run_cli(clip, options, models, tmp_path, capsys)
-    assert code == 2 and err == f"error: {message}\n"
+    assert code == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1
     assert not called and not out.exists()
     assert_no_staging_left(tmp_path)
 
