@@ -159,16 +159,24 @@ def launch_demo(demo: gr.Blocks, config: DemoConfig | None = None, **kwargs):
     """Serve `demo` on `config.host`:`config.port` with Gradio's own upload limit (`max_file_mb`); `kwargs` go to
     `gr.Blocks.launch` (and win over the config's host and port).
 
-    Gradio only hands out files from the working directory, the system temp folder and `allowed_paths`:
-    the examples folder is added, and a `temp_root` outside the first two (its run folders keep random names).
+    Gradio only hands out files from the working directory, the system temp folder and `allowed_paths`: the
+    example clips it offers are added one by one (not their folder, whose other files it would serve too), and a
+    `temp_root` outside the first two (its run folders keep random names).
     """
     config = config or DemoConfig()
-    allowed = [str(config.examples_dir.resolve())] if config.examples_dir.is_dir() else []
+    allowed = allowed_paths(config)
+    options = {"server_name": config.host, "server_port": config.port, **kwargs}
+    return demo.launch(max_file_size=int(config.max_file_mb * 1024 * 1024), allowed_paths=allowed or None, **options)
+
+
+def allowed_paths(config: DemoConfig) -> list[str]:
+    """The paths Gradio may serve beyond its defaults: each offered example clip, and `temp_root` when it lies
+    outside the working directory and the system temp folder."""
+    allowed = [str(p.resolve()) for p in config.example_clips()]
     root = config.temp_root.resolve()
     if not any(root.is_relative_to(Path(p).resolve()) for p in (tempfile.gettempdir(), os.getcwd())):
         allowed.append(str(root))
-    options = {"server_name": config.host, "server_port": config.port, **kwargs}
-    return demo.launch(max_file_size=int(config.max_file_mb * 1024 * 1024), allowed_paths=allowed or None, **options)
+    return allowed
 
 
 def parse_args(argv: list[str] | None) -> DemoConfig:

@@ -1,0 +1,43 @@
+"""What the demo's server hands out: the example clips it offers, and not the other files beside them."""
+
+import socket
+import urllib.error
+import urllib.request
+
+from apps.demo.app import allowed_paths, build_demo, launch_demo
+from apps.demo.config import DemoConfig
+from tests.model_factories import write_test_clip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def status_of(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=20) as response:
+            return response.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_the_server_hands_out_the_offered_clips_and_nothing_else_of_their_folder(tmp_path):
+    examples = tmp_path / "examples"
+    (examples / "sub").mkdir(parents=True)
+    clip = write_test_clip(examples / "ball.mp4", seconds=1.0, fps=4)
+    (examples / "notes.txt").write_text("private")
+    write_test_clip(examples / "sub" / "other.mp4", seconds=1.0, fps=4)
+    temp_root = tmp_path / "runs"  # under the system temp folder: Gradio serves it already
+    config = DemoConfig(examples_dir=examples, temp_root=temp_root, port=free_port())
+    assert allowed_paths(config) == [str(clip.resolve())]
+    app = build_demo(config)
+    _, url, _ = launch_demo(app, config, prevent_thread_lock=True, quiet=True)
+    try:
+        served = {p.name: status_of(f"{url}gradio_api/file={p}") for p in (clip, examples / "notes.txt")}
+        served["other.mp4"] = status_of(f"{url}gradio_api/file={examples / 'sub' / 'other.mp4'}")
+    finally:
+        app.close()
+    assert served["ball.mp4"] == 200
+    assert served["notes.txt"] >= 400 and served["other.mp4"] >= 400
