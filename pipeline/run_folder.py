@@ -44,16 +44,20 @@ def run_folder(out_dir: Path | None, overwrite: bool, name: str = "run") -> Iter
 def claim_explicit(out_dir: Path, overwrite: bool) -> Iterator[Path]:
     """Hold `out_dir` (--out) for this run after checking it can be used."""
     check_out(out_dir)
+    claimed_it = False  # a PermissionError after the claim comes from the run's own work, and names its file
     try:
         with claimed(out_dir):
             if out_dir.exists() and not out_dir.is_dir():
                 raise RunFolderError(f"--out {out_dir} is a file, not a folder; choose another --out")
             if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
                 raise RunFolderError(f"--out {out_dir} already holds files; choose another --out or pass --overwrite")
+            claimed_it = True
             yield out_dir
     except FolderInUse as err:
         raise RunFolderError(f"{err}; choose another --out") from None
     except PermissionError as err:
+        if claimed_it:
+            raise
         raise RunFolderError(f"cannot write the run folder {out_dir}: {err.strerror}") from None
 
 

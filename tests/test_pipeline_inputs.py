@@ -180,3 +180,16 @@ def test_a_clip_whose_name_is_not_utf8_is_refused_before_anything_is_written(
     assert code == 2 and "bad\\xff\\xfename.mp4 is not valid UTF-8" in err and "Traceback" not in err
     assert sorted(os.listdir(folder)) == [bad.rsplit(b"/", 1)[1].decode("utf-8", "surrogateescape")]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["clips"]  # no runs/, no lock, no staging
+
+
+def test_a_permission_error_while_reading_the_clip_names_the_clip_not_the_run_folder(
+    models, clip, tmp_path, capsys, monkeypatch
+):
+    def unreadable(path, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(rollout_module, "sample_frames", unreadable)
+    code, out, printed, err = run_cli(clip, ["--steps", "1"], models, tmp_path, capsys)
+    assert code == 2 and err == f"error: {clip}: Permission denied\n"
+    assert not out.exists()
+    assert_no_staging_left(tmp_path)
