@@ -32,12 +32,21 @@ class PipelinePreset:
     merge_repeats: bool = True  # YAML `sampling.merge_repeats`: consecutive identical captions are one state
     captioner_options: dict = field(default_factory=dict)  # keyword arguments of HFCaptioner.from_pretrained
     renderer_options: dict = field(default_factory=dict)  # keyword arguments of DiffusersRenderer.from_pretrained
+    readout: dict = field(default_factory=dict)  # YAML `readout`: the predictor's readout and coherence by default
 
     def with_models(self, overrides: dict[str, str]) -> PipelinePreset:
-        """This preset with some components replaced (hub id or folder); a replaced captioner or renderer
-        drops the preset's options, which belong to the model they replace."""
+        """This preset with some components replaced (hub id or folder); a replaced captioner or renderer drops
+        the preset's options, and a replaced predictor its readout, which belong to the model they replace."""
         options = {f"{c}_options": {} for c in overrides if c in ("captioner", "renderer")}
-        return replace(self, **{c: resolve_model_path(v) for c, v in overrides.items()}, **options)
+        readout = {"readout": {}} if "predictor" in overrides else {}
+        return replace(self, **{c: resolve_model_path(v) for c, v in overrides.items()}, **options, **readout)
+
+    def generation_for(self, generation):
+        """`generation` (a GenerationConfig) with the preset's readout, unless it names its own (a readout other
+        than auto, or the coherence head)."""
+        if not self.readout or generation.readout != "auto" or generation.coherence:
+            return generation
+        return replace(generation, **self.readout)
 
 
 def available_presets() -> list[str]:
@@ -59,7 +68,7 @@ def load_preset(name: str) -> PipelinePreset:
     missing = [c for c in COMPONENTS if c not in entries]
     if missing:
         raise PresetError(f"preset {path} names no {', '.join(missing)}")
-    unknown = sorted(set(entries) - {*COMPONENTS, "sampling", "captioner_options", "renderer_options"})
+    unknown = sorted(set(entries) - {*COMPONENTS, "sampling", "captioner_options", "renderer_options", "readout"})
     if unknown:
         raise PresetError(f"preset {path}: unknown entries {', '.join(unknown)}")
     return PipelinePreset(
@@ -69,7 +78,16 @@ def load_preset(name: str) -> PipelinePreset:
         merge_repeats=bool((entries.get("sampling") or {}).get("merge_repeats", True)),
         captioner_options=dict(entries.get("captioner_options") or {}),
         renderer_options=dict(entries.get("renderer_options") or {}),
+        readout=check_readout(path, dict(entries.get("readout") or {})),
     )
+
+
+def check_readout(path: Path, readout: dict) -> dict:
+    """A preset's `readout` entry: at most `readout` (a readout name) and `coherence` (true or false)."""
+    unknown = sorted(set(readout) - {"readout", "coherence"})
+    if unknown or not isinstance(readout.get("coherence", False), bool):
+        raise PresetError(f"preset {path}: readout takes readout (a name) and coherence (true or false), got {readout}")
+    return readout
 
 
 def missing_offline_models(preset: PipelinePreset) -> list[str]:

@@ -104,6 +104,7 @@ def run_rollout(
         raise RolloutError(f"--samples must be between 1 and {MAX_SAMPLES}, got {generation.samples}")
     check_device(models.device)
     plan = make_plan(models, frames)
+    generation = plan.preset.generation_for(generation)
     video = Path(video)
     check_file_name(video)  # before a run folder is named after it
     with run_folder(output.out_dir, output.overwrite, video.stem) as (out_dir, staging):
