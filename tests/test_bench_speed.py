@@ -100,3 +100,14 @@ def test_compare_times_another_checkout_in_alternating_rounds_and_profiles(tmp_p
     assert "neither a directory nor a git revision" in capsys.readouterr().err
     assert bench_speed.main([*common, "--rounds", "1", "--compare", str(tmp_path)]) == 2
     assert "holds no world_model package" in capsys.readouterr().err
+
+
+def test_an_unwritable_json_is_refused_before_any_timing(tmp_path, capsys, monkeypatch):
+    from world_model.benchmark import speed
+
+    monkeypatch.setattr(speed, "load_inputs", lambda settings: pytest.fail("timed before refusing"))
+    (tmp_path / "a_file").write_text("")
+    assert speed.main(["--json", str(tmp_path / "a_file" / "s.json")]) == 2
+    assert "--json" in capsys.readouterr().err
+    assert speed.main(["--json", str(tmp_path)]) == 2
+    assert "is a folder" in capsys.readouterr().err

@@ -50,8 +50,8 @@ import yaml
 
 from world_model.models.four_tensor_config import FourTensorConfig
 from world_model.models.precision import PRECISIONS
-from world_model.utils.cli import SettingsParser, UsageError, add_verbose, run_command
-from world_model.utils.files import repo_path
+from world_model.utils.cli import SettingsParser, UsageError, add_verbose, check_writable, run_command
+from world_model.utils.files import repo_path, write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().with_name("speed_worker.py")
@@ -359,6 +359,10 @@ def main(argv: list[str] | None = None) -> int:
 def time_checkouts(settings: SpeedSettings) -> None:
     """The command's work: time this checkout (and `--compare`'s) in worker processes, print (and write) the
     figures, and the profile's top operators with `--profile`."""
+    if settings.json:  # before minutes of timing, not after
+        if settings.json.is_dir():
+            raise UsageError(f"--json {settings.json} is a folder; give the JSON file's path")
+        check_writable(settings.json, "--json")
     inputs = load_inputs(settings)
     with contextlib.ExitStack() as stack:
         roots = {"this": ROOT}
@@ -374,7 +378,8 @@ def time_checkouts(settings: SpeedSettings) -> None:
         for key, value in figures.items():
             print(f"{key:>42}: {value}")
         if settings.json:
-            settings.json.write_text(json.dumps(figures, indent=2) + "\n")
+            settings.json.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(settings.json, figures)
         if settings.profile:
             tables = workers["this"].request(op="profile", steps=settings.profile_steps, rows=15)
             print(f"\nfp32 training, {settings.profile_steps} steps:\n{tables['train']}")
