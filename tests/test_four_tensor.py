@@ -2,6 +2,7 @@
 rule, sampling, input checks, checkpoints."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -264,6 +265,23 @@ def test_truncated_or_mismatched_checkpoints_get_clear_errors(tmp_path):
         FourTensorModel.from_pretrained(tmp_path / "ckpt")
     with pytest.raises(CheckpointError, match="holds no config.json"):
         FourTensorModel.from_pretrained(tmp_path)
+
+
+def test_weights_that_cannot_be_opened_are_not_called_corrupt(tmp_path, monkeypatch):
+    import builtins
+
+    make_model().save_pretrained(tmp_path / "ckpt")
+    weights = tmp_path / "ckpt" / "model.safetensors"
+    real_open = builtins.open
+
+    def no_permission(path, *args, **kwargs):  # the suite runs as root, whom chmod cannot stop
+        if Path(path) == weights:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", no_permission)
+    with pytest.raises(CheckpointError, match="model.safetensors cannot be opened \\(Permission denied\\)"):
+        FourTensorModel.from_pretrained(tmp_path / "ckpt")
 
 
 @pytest.mark.parametrize("layout", ["rows", "transposed"])

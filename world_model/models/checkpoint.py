@@ -69,6 +69,11 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     path = folder / WEIGHTS_NAME
     if not path.is_file():
         raise CheckpointError(f"{folder} holds no {WEIGHTS_NAME}")
+    try:  # a file that cannot be opened is not a damaged one
+        with open(path, "rb"):
+            pass
+    except OSError as err:
+        raise CheckpointError(f"{path} cannot be opened ({err.strerror}); check its permissions") from err
     try:
         return load_file(path)
     except (SafetensorError, OSError, ValueError) as err:
