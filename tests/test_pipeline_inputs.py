@@ -193,3 +193,23 @@ def test_a_permission_error_while_reading_the_clip_names_the_clip_not_the_run_fo
     assert code == 2 and err == f"error: {clip}: Permission denied\n"
     assert not out.exists()
     assert_no_staging_left(tmp_path)
+
+
+def test_an_out_that_is_a_dangling_link_or_a_mount_point_is_refused_before_any_work(
+    models, clip, tmp_path, capsys, monkeypatch
+):
+    import os
+
+    from pipeline import run_folder
+
+    called = []
+    monkeypatch.setattr(rollout_module, "sample_frames", lambda *a, **k: called.append(1))
+    link = tmp_path / "run"
+    link.symlink_to(tmp_path / "nowhere" / "run")
+    code, _, _, err = run_cli(clip, ["--steps", "1", "--overwrite"], models, tmp_path, capsys)
+    assert code == 2 and "is a link to nothing" in err and not called
+    link.unlink()
+    link.mkdir()
+    monkeypatch.setattr(run_folder.os.path, "ismount", lambda path: os.fspath(path) == os.fspath(link))
+    code, _, _, err = run_cli(clip, ["--steps", "1", "--overwrite"], models, tmp_path, capsys)
+    assert code == 2 and "is a mount point" in err and not called
