@@ -443,6 +443,10 @@ def test_bad_config_and_data_fail_before_training(data_dir, tmp_path, capsys):
         validate_config({"model": {"vocab_size": 10}})
     with pytest.raises(ConfigError, match="dropout"):
         validate_config({"model": {"dropout": 2.0}})
+    with pytest.raises(ConfigError, match="model.d_x 100,000 is above 1,024"):
+        validate_config({"model": {"d_x": 100000}})
+    with pytest.raises(ConfigError, match="d_x \\* d_t = 65,536 is above 16,384"):
+        validate_config({"model": {"d_x": 256, "d_t": 256}})
     assert validate_config({"training": {"lr": "3e-4"}})["training"]["lr"] == 3e-4  # PyYAML reads 3e-4 as a string
     with pytest.raises(ConfigError, match="training.precision must be 'fp32' or 'bf16', got 'fp16'"):
         TrainingConfig(precision="fp16")

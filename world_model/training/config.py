@@ -168,6 +168,12 @@ def _section(config: dict, name: str, source: str) -> dict:
     return section
 
 
+# The largest model sizes a config may ask for (the paper's largest preset is d_x 64, d_t 32, L 3, N 16, T 4): a
+# typo such as d_x 100000 is refused at once instead of running out of memory.
+MODEL_LIMITS = {"d_x": 1024, "d_t": 1024, "n_heads": 256, "n_layers": 64, "n_tokens": 256, "n_states": 256}
+MAX_WIDTH = 16384  # d_x * d_t
+
+
 def _validate_model(model: dict, source: str) -> dict:
     """The normalised ``model:`` section: its type, and every field of the type's config class (defaults filled in,
     values coerced), checked by the config class itself (d_x >= 1, dropout in [0, 1], ...)."""
@@ -185,6 +191,11 @@ def _validate_model(model: dict, source: str) -> dict:
     out = {"type": model_type}
     for name, (kind, default) in fields.items():
         out[name] = _coerce(model[name], kind, f"{source}: model.{name}") if name in model else default
+    for name, limit in MODEL_LIMITS.items():  # before anything is allocated at that size
+        if isinstance(out.get(name), int) and out[name] > limit:
+            raise ConfigError(f"{source}: model.{name} {out[name]:,} is above {limit:,}, the most this trainer builds")
+    if isinstance(out.get("d_x"), int) and isinstance(out.get("d_t"), int) and out["d_x"] * out["d_t"] > MAX_WIDTH:
+        raise ConfigError(f"{source}: model width d_x * d_t = {out['d_x'] * out['d_t']:,} is above {MAX_WIDTH:,}")
     config_class, _ = MODEL_TYPES[model_type]
     try:
         config_class.from_vocabulary(2, **{k: v for k, v in out.items() if k != "type"})
