@@ -236,14 +236,19 @@ def format_report(result: dict) -> str:
     return "\n".join(lines)
 
 
+MAX_SIDE = 7680  # 8K UHD: the widest clip the bench writes
+
+
 def parse_size(text: str) -> tuple[int, int]:
-    """(width, height) of a WIDTHxHEIGHT text; a ValueError unless both are integers of at least 16."""
+    """(width, height) of a WIDTHxHEIGHT text; a ValueError unless both are integers from 16 to `MAX_SIDE`."""
     try:
         width, height = (int(v) for v in text.lower().split("x"))
     except ValueError:
         raise ValueError(f"--size: expected WIDTHxHEIGHT, e.g. 640x360; got {text!r}") from None
     if width < 16 or height < 16:
         raise ValueError(f"--size: the clip must be at least 16x16; got {text!r}")
+    if max(width, height) > MAX_SIDE:
+        raise ValueError(f"--size: a side may be at most {MAX_SIDE} pixels (8K); got {text!r}")
     return width, height
 
 
