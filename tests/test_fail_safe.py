@@ -387,6 +387,8 @@ def test_bad_input_to_train_evaluate_and_benchmark_exits_2_with_one_line(tmp_pat
         ("world_model.benchmark.speed", ["--vocab-size", "0"], "--vocab-size must be >= 1"),
         ("pipeline.explain_bench", ["--repeats", "0"], "--repeats must be >= 1, got 0"),
         ("pipeline.bench", ["--size", "100000x100000"], "--size: a side may be at most 7680 pixels"),
+        ("world_model.benchmark.coherence_rows", ["--data", "{tmp}", "--out", "{tmp}/c"],
+         "the following arguments are required: --runs"),
         ("pipeline.pack.train_captioner", ["--data", "{tmp}", "--out", "{tmp}/c", "--batch-size", "0"],
          "--batch-size must be >= 1, got 0"),
         ("pipeline.pack.train_captioner", ["--data", "{tmp}", "--out", "{tmp}/c", "--max-steps", "0"],

@@ -161,7 +161,12 @@ class SettingsParser(HfArgumentParser):
         names += options.pop("aliases", [])
         lengths = get_args(field.type)
         count = "+" if lengths[-1] is Ellipsis else len(lengths)  # tuple[int, ...]: one or more; tuple[int, int]: 2
-        parser.add_argument(*names, type=lengths[0], nargs=count, action=StoreTuple, default=field.default, **options)
+        if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            options["required"] = True  # a tuple setting without a default is a flag the command needs
+        else:
+            has_factory = field.default_factory is not dataclasses.MISSING
+            options["default"] = field.default_factory() if has_factory else field.default
+        parser.add_argument(*names, type=lengths[0], nargs=count, action=StoreTuple, **options)
 
     def parse(self, argv: list[str] | None, usage_on_bad_setting: bool = True) -> tuple:
         """The settings dataclasses filled from `argv` (None: sys.argv), in the order given to the parser, then a
