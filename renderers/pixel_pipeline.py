@@ -67,6 +67,21 @@ class PixelPipelineConfig:
     guidance_scale: float = 1.5  # chosen by pipeline.pack.round_trip over 1-5 for the shipped renderer
     solver: str = "sde-dpmsolver++"  # one of SOLVERS; the stochastic one, chosen by pipeline.pack.round_trip
 
+    def __post_init__(self) -> None:
+        self.block_out_channels = tuple(self.block_out_channels)
+        if not self.block_out_channels or min(self.block_out_channels) < 1:
+            raise ValueError(f"--block-out-channels must be one or more positive widths, got {self.block_out_channels}")
+        for name in ("patch_size", "layers_per_block", "head_channels", "text_dim", "text_layers", "text_heads",
+                     "max_text_length", "num_train_timesteps", "num_inference_steps"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        levels = len(self.block_out_channels)
+        if not 0 <= self.self_attention_levels <= self.attention_levels <= levels:
+            raise ValueError(
+                f"need 0 <= --self-attention-levels <= --attention-levels <= {levels} (the levels of "
+                f"--block-out-channels), got {self.self_attention_levels} and {self.attention_levels}"
+            )
+
 
 class PixelTextToImagePipeline(DiffusionPipeline):
     """Text -> (H, W, 3) RGB images, denoised in pixel space.
@@ -292,11 +307,6 @@ def build_pixel_pipeline(
     """A randomly initialised pipeline whose tokenizer knows the words of ``sentences``."""
     config = config or PixelPipelineConfig()
     p = config.patch_size
-    if not 0 <= config.self_attention_levels <= config.attention_levels <= len(config.block_out_channels):
-        raise ValueError(
-            f"need 0 <= self_attention_levels <= attention_levels <= {len(config.block_out_channels)} "
-            f"levels, got {config.self_attention_levels} and {config.attention_levels}"
-        )
     if any(size % p for size in config.sample_size):
         raise ValueError(f"sample_size {config.sample_size} is not a multiple of patch_size {p}")
     tokenizer = build_word_tokenizer(sentences, model_max_length=config.max_text_length)

@@ -401,6 +401,8 @@ def test_bad_input_to_train_evaluate_and_benchmark_exits_2_with_one_line(tmp_pat
          "--max-steps must be >= 1, got -1"),
         ("pipeline.pack.train_renderer", ["--data", "{tmp}", "--out", "{tmp}/r", "--lr", "inf"],
          "--lr must be a finite number, got inf"),
+        ("pipeline.pack.train_renderer", ["--data", "{tmp}", "--out", "{tmp}/r", "--block-out-channels", "0"],
+         "--block-out-channels must be one or more positive widths, got (0,)"),
     ],
 )  # fmt: skip
 def test_a_setting_out_of_range_exits_2_naming_it_before_any_work(tmp_path, capsys, module, args, says):
