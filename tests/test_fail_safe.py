@@ -509,3 +509,27 @@ def test_a_cjk_clip_name_draws_without_glyph_warnings(tmp_path):
         write_storyboard([(image, "t=0 ボール")], [(image, "step 1")], tmp_path / "board.png", title="ボールの動画.mp4")
     assert not [w for w in caught if "Glyph" in str(w.message)]
     assert (tmp_path / "board.png").stat().st_size > 0
+
+
+def test_a_full_disk_is_refused_before_the_work_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    import collections
+
+    from world_model.utils import cli
+    from world_model.utils.files import write_json_atomic
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(cli.shutil, "disk_usage", lambda path: usage(10, 10, 0))
+    with pytest.raises(UsageError, match="disk is full"):
+        cli.check_writable(tmp_path / "out.json", "--out")
+    monkeypatch.undo()
+    target = tmp_path / "kept.json"
+    target.write_text('{"old": 1}')
+
+    class Full:
+        def __init__(self, *args, **kwargs):
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(json, "dump", lambda *a, **k: Full())
+    with pytest.raises(OSError, match="No space left"):
+        write_json_atomic(target, {"new": 2})
+    assert target.read_text() == '{"old": 1}' and sorted(p.name for p in tmp_path.iterdir()) == ["kept.json"]

@@ -20,6 +20,7 @@ import dataclasses
 import math
 import os
 import shlex
+import shutil
 import signal
 import sys
 import tempfile
@@ -32,6 +33,7 @@ import torch
 from transformers import HfArgumentParser
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
+MIN_FREE_BYTES = 1 << 20  # an output needs at least this much free disk before a command starts its work
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 INPUT_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)  # the project's input errors derive from these
 
@@ -257,6 +259,8 @@ def check_writable(path: str | os.PathLike, flag: str = "--out") -> None:
             pass
     except OSError as err:
         raise UsageError(f"{flag} {path} cannot be written: {ancestor}: {err.strerror or err}") from None
+    if shutil.disk_usage(ancestor).free < MIN_FREE_BYTES:
+        raise UsageError(f"{flag} {path} cannot be written: {ancestor}'s disk is full")
 
 
 def check_range(flag: str, value: float | None, low: float | None = None, high: float | None = None) -> None:

@@ -53,11 +53,15 @@ def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON to a temporary file beside `path`, then rename it into place."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-    os.chmod(tmp, 0o644)  # mkstemp makes it private
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+        os.chmod(tmp, 0o644)  # mkstemp makes it private
+        os.replace(tmp, path)
+    except BaseException:  # a full disk or a signal: the old file stays whole and no temporary file is left
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 @contextmanager
