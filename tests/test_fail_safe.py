@@ -451,6 +451,17 @@ def test_bad_demo_flags_are_refused_before_the_server_starts(tmp_path, capsys, m
     assert_one_error(err, says.format(file=file))
 
 
+def test_a_damaged_predictor_folder_stops_the_demo_at_start(tmp_path, capsys, monkeypatch):
+    started = []
+    monkeypatch.setattr(demo_app, "launch_demo", lambda *a, **k: started.append(1))
+    folder = make_tiny_predictor(tmp_path / "predictor", d_x=4, d_t=2, n_heads=1, n_layers=1)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # a copy cut short
+    code, err = run(["--predictor", folder, "--temp-root", tmp_path / "runs"], capsys, demo_app.main)
+    assert code == 2 and not started
+    assert_one_error(err, f"--predictor {folder}:", "truncated or corrupt")
+
+
 def test_a_stop_signal_stops_the_demo_with_its_exit_code(tmp_path, capsys, monkeypatch):
     def serve_until_signalled(demo, config):
         try:

@@ -19,9 +19,11 @@ from pipeline.presets import PresetError, choose_preset
 from world_model.utils.cli import (
     Interrupted,
     SettingsParser,
+    UsageError,
     check_device,
     check_writable,
     handled_signals,
+    one_line,
     raise_interrupted,
     run_command,
 )
@@ -199,11 +201,29 @@ def main(argv: list[str] | None = None) -> int:
     return run_command(lambda: serve(config), on_interrupt="server stopped")
 
 
+def check_model_folders(config: DemoConfig) -> None:
+    """A UsageError at start, not at every request, for a named model folder that is damaged: a predictor that does
+    not load, a captioner or renderer folder with an unreadable weight file."""
+    from world_model.models.checkpoint import CheckpointError
+    from world_model.models.registry import load_predictor
+    from world_model.utils.hub import unreadable_weights
+
+    if config.predictor and Path(config.predictor).is_dir():
+        try:
+            load_predictor(config.predictor)
+        except (CheckpointError, OSError, ValueError) as err:
+            raise UsageError(f"--predictor {config.predictor}: {one_line(err)}") from None
+    for flag, folder in (("--captioner", config.captioner), ("--renderer", config.renderer)):
+        if folder and Path(folder).is_dir() and (damaged := unreadable_weights(Path(folder))):
+            raise UsageError(f"{flag} {folder}: {damaged}")
+
+
 def serve(config: DemoConfig) -> None:
     """Check the settings, build the demo and block while it serves; raise `Interrupted` for the stop signal that
     ended it (Gradio itself returns quietly on one)."""
     check_device(config.device)
     check_writable(config.temp_root / "request", "--temp-root")
+    check_model_folders(config)
     demo = build_demo(config)
     if len(config.overrides()) < len(COMPONENTS):
         try:  # say now which models requests will use, or why none would work
