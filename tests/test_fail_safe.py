@@ -544,3 +544,14 @@ def test_a_full_disk_is_refused_before_the_work_and_leaves_no_temporary_file(tmp
     with pytest.raises(OSError, match="No space left"):
         write_json_atomic(target, {"new": 2})
     assert target.read_text() == '{"old": 1}' and sorted(p.name for p in tmp_path.iterdir()) == ["kept.json"]
+
+
+@pytest.mark.parametrize("module", ["pipeline.pack.train_renderer", "pipeline.pack.train_captioner"])
+def test_the_pack_trainers_refuse_an_unwritable_out_before_reading_data(tmp_path, capsys, module):
+    import importlib
+
+    (tmp_path / "a_file").write_text("")
+    code, err = run(["--data", tmp_path / "nowhere", "--out", tmp_path / "a_file" / "run"], capsys,
+                    importlib.import_module(module).main)  # fmt: skip
+    assert code == 2
+    assert_one_error(err, "is a file, not a folder")

@@ -52,7 +52,15 @@ from world_model.data.synthetic.simulation import STRIP_SIZE
 from world_model.text.vocab import same_sentence
 from world_model.text.word_tokenizer import build_word_tokenizer
 from world_model.training.schedule import warmup_cosine
-from world_model.utils.cli import INPUT_ERRORS, SettingsParser, add_verbose, check_positive, check_range, run_command
+from world_model.utils.cli import (
+    INPUT_ERRORS,
+    SettingsParser,
+    add_verbose,
+    check_positive,
+    check_range,
+    check_writable,
+    run_command,
+)
 from world_model.utils.files import atomic_dir, write_json_atomic
 
 BEST_DIR = "best"
@@ -385,8 +393,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_verbose(parser)
     run, config, args = parser.parse(argv)
     torch.set_num_threads(run.threads)
+
+    def work() -> None:
+        check_writable(run.out / "metrics.json")  # before the data is read and the training starts
+        train(run.data, run.out, config, max_minutes=run.max_minutes, progress=run.progress)
+
     return run_command(
-        lambda: train(run.data, run.out, config, max_minutes=run.max_minutes, progress=run.progress),
+        work,
         verbose=args.verbose,
         input_errors=(*INPUT_ERRORS, TrainingStopped),
     )

@@ -46,7 +46,7 @@ from encoders.world_dataset import read_states
 from renderers.pixel_pipeline import PixelPipelineConfig, PixelTextToImagePipeline, build_pixel_pipeline, check_solver
 from world_model.data.synthetic.simulation import STATE_FRAMES
 from world_model.training.schedule import warmup_cosine
-from world_model.utils.cli import SettingsParser, add_verbose, check_positive, check_range, run_command
+from world_model.utils.cli import SettingsParser, add_verbose, check_positive, check_range, check_writable, run_command
 from world_model.utils.files import atomic_dir, write_json_atomic
 
 PIPELINE_DIR = "pipeline"
@@ -383,6 +383,7 @@ def train_command(files: RendererFiles, config: TrainConfig, model_config: Pixel
         check_solver(model_config.solver)
     except ValueError as err:
         raise ValueError(f"--{err}") from None
+    check_writable(files.out / LOG_NAME)  # before the data is read and the training starts
     train(files.data, files.out, config, model_config, limit=files.limit)
 
 
