@@ -41,3 +41,19 @@ def test_the_server_hands_out_the_offered_clips_and_nothing_else_of_their_folder
         app.close()
     assert served["ball.mp4"] == 200
     assert served["notes.txt"] >= 400 and served["other.mp4"] >= 400
+
+
+def test_an_image_renamed_mp4_is_refused_at_upload(tmp_path):
+    import cv2
+    import numpy as np
+
+    from apps.demo.checks import on_upload
+
+    image = tmp_path / "photo.png"
+    cv2.imwrite(str(image), np.full((64, 64, 3), 120, np.uint8))
+    renamed = image.rename(tmp_path / "photo.mp4")
+    status = on_upload(str(renamed), DemoConfig(examples_dir=tmp_path, temp_root=tmp_path / "runs"))
+    assert status == (
+        "**Cannot use this clip:** photo.mp4 holds a single image, not a video; upload a video clip "
+        "\\(MP4, MOV, AVI, WebM ...\\)."
+    )

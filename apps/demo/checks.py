@@ -29,7 +29,7 @@ def md_escape(text: str) -> str:
 
 def check_clip(video: str | Path | None, config: DemoConfig) -> tuple[Path, VideoInfo]:
     """The upload as a path and its stream properties, or gr.Error saying why it cannot be used (missing,
-    too big, too long, not a video)."""
+    too big, too long, not a video, a single image)."""
     if video is None or (isinstance(video, str) and not video.strip()):
         raise fail(EMPTY_MESSAGE)
     path = Path(video)
@@ -48,6 +48,8 @@ def check_clip(video: str | Path | None, config: DemoConfig) -> tuple[Path, Vide
         info = probe_video(path)
     except VideoError as err:
         raise fail(readable(err, path)) from None
+    if info.frame_count < 2:  # an image (a PNG renamed .mp4) opens as a one-frame stream
+        raise fail(f"{name} holds a single image, not a video; upload a video clip (MP4, MOV, AVI, WebM ...).")
     max_s = config.max_duration_s
     if info.duration > max_s:
         raise fail(
