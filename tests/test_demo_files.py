@@ -3,6 +3,7 @@
 import socket
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 from apps.demo.app import allowed_paths, build_demo, launch_demo
 from apps.demo.config import DemoConfig
@@ -57,3 +58,15 @@ def test_an_image_renamed_mp4_is_refused_at_upload(tmp_path):
         "**Cannot use this clip:** photo.mp4 holds a single image, not a video; upload a video clip "
         "\\(MP4, MOV, AVI, WebM ...\\)."
     )
+
+
+def test_a_hub_preset_that_cannot_load_is_explained_in_the_pages_words():
+    from apps.demo.checks import HUB_UNAVAILABLE, readable
+    from pipeline.presets import PresetError
+
+    err = PresetError(
+        "--preset hub: Salesforce/blip-image-captioning-base neither in the Hugging Face cache (/root/.cache/hf/hub) "
+        "nor reachable on the hub (no network, or HF_HUB_OFFLINE is set); use --preset offline"
+    )
+    assert readable(err) == HUB_UNAVAILABLE and "/root" not in HUB_UNAVAILABLE and "--" not in HUB_UNAVAILABLE
+    assert readable(ValueError("a clip at /srv/up/x.mp4"), Path("/srv/up/x.mp4")) == "a clip at x.mp4"

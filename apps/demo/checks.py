@@ -110,9 +110,18 @@ def format_duration(seconds: float) -> str:
     return f"{minutes} min {rest} s" if rest else f"{minutes} min"
 
 
+HUB_UNAVAILABLE = (
+    "The hub models are not on this server and cannot be downloaded now. Choose **offline** under Model preset "
+    "(the bundled models), or ask the server's owner to download them."
+)
+
+
 def readable(err: BaseException, video: Path | None = None) -> str:
-    """The error's message with the server's upload path shortened to the file name."""
+    """The error's message for a person at the browser: the server's upload path shortened to the file name, and a
+    preset that cannot load said in the page's words (which control to change), with no server path."""
     message = str(err) or type(err).__name__
+    if "--preset hub" in message or (message.startswith("auto:") and "neither cached nor reachable" in message):
+        return HUB_UNAVAILABLE
     if video is not None:
         message = message.replace(str(video), video.name)
     return message
