@@ -98,9 +98,10 @@ def result_panels() -> dict:
     """What a request shows, {name: component} in the order of `apps.demo.run.outputs`' tuple."""
     panels = {"banner": gr.Markdown(elem_id="unknown_banner"), "status": gr.Markdown(READY_MESSAGE, elem_id="status")}
     gallery = {"columns": 4, "height": "auto", "object_fit": "contain"}
-    panels["observed"] = gr.Gallery(label="Sampled frames and their captions", elem_id="observed", **gallery)
+    strips = " (offline pack: each picture is one second, its first, middle and last frame side by side)"
+    panels["observed"] = gr.Gallery(label="Sampled frames and their captions" + strips, elem_id="observed", **gallery)
     panels["predicted"] = gr.Markdown(elem_id="predicted")
-    panels["rendered"] = gr.Gallery(label="Rendered predicted frames", elem_id="rendered", **gallery)
+    panels["rendered"] = gr.Gallery(label="Rendered predicted frames" + strips, elem_id="rendered", **gallery)
     with gr.Row():
         panels["video"] = gr.Video(
             label="Rollout video (observed, then predicted)", elem_id="rollout_video", interactive=False, height=260
