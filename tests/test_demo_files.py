@@ -70,3 +70,22 @@ def test_a_hub_preset_that_cannot_load_is_explained_in_the_pages_words():
     )
     assert readable(err) == HUB_UNAVAILABLE and "/root" not in HUB_UNAVAILABLE and "--" not in HUB_UNAVAILABLE
     assert readable(ValueError("a clip at /srv/up/x.mp4"), Path("/srv/up/x.mp4")) == "a clip at x.mp4"
+
+
+def test_samples_that_coincide_are_said_to(tmp_path):
+    from apps.demo import run
+    from pipeline.rollout import RolloutResult
+
+    record = {
+        "observed": [{"timestamp_s": 0.0, "caption": "a ball falls.", "image": "x.png"}],
+        "predictions": [{"sentences": [s], "images": ["y.png"]} for s in ("a ball rolls.", "a ball rolls.", "a ball.")],
+        "preset": "offline",
+        "preset_reason": "asked",
+        "oov": {"rate": 0.0},
+        "warnings": [],
+    }
+    status = run.outputs(RolloutResult(tmp_path, record, [], []), tmp_path / "run.zip", "req", 1.0, 3, 0.8)[5]
+    assert "The 3 samples give 2 different future(s): at temperature 0.8" in status
+    record["predictions"][1]["sentences"] = ["a ball stops."]
+    status = run.outputs(RolloutResult(tmp_path, record, [], []), tmp_path / "run.zip", "req", 1.0, 3, 0.8)[5]
+    assert "different future" not in status

@@ -184,6 +184,12 @@ def outputs(
     ]
     if samples > 1 and temperature <= 0:
         status.append("- Temperature 0 is greedy, so one sample was made; raise the temperature for alternatives.")
+    distinct = len({tuple(p["sentences"]) for p in predictions})
+    if several and distinct < len(predictions):
+        status.append(
+            f"- The {len(predictions)} samples give {distinct} different future(s): at temperature {temperature:g} "
+            "the predictor is sure enough to draw the same sentences again; raise the temperature for more variety."
+        )
     status += [f"- Warning: {md_escape(w)}" for w in record["warnings"]]
     video = str(run_dir / "rollout.mp4")
     return observed, "\n".join(lines), rendered, video, str(archive), "\n".join(status), unknown_banner(record)
