@@ -1,6 +1,6 @@
 """Why full-rank Tucker (4, 128, 128) underfits at MHA's settings: the benchmark row retrained with one change.
 
-    python results/benchmark/attention/probes/tucker_full_rank.py VARIANT --data ../shared/data/rocstories \
+    python probes/attention/tucker_full_rank.py VARIANT --data ../shared/data/rocstories \
         --out OUT [--epochs 3]
 
 VARIANT is one of
@@ -29,7 +29,15 @@ import world_model.training.train as training
 from world_model.models.attention_conversions import tucker_from_grouped
 from world_model.models.attention_family import FamilyAttention
 
-RUN = Path(__file__).resolve().parents[1] / "runs" / "h4_l2_baseline_tucker_4_128_128_s0" / "run.json"
+RUN = (
+    Path(__file__).resolve().parents[2]
+    / "results"
+    / "benchmark"
+    / "attention"
+    / "runs"
+    / "h4_l2_baseline_tucker_4_128_128_s0"
+    / "run.json"
+)
 
 
 def mha_init(model: nn.Module) -> None:

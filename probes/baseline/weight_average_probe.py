@@ -6,7 +6,7 @@ the averages are validated the same way and one line per epoch goes to RUN.ema.j
 run's own metrics, "<d>": the average's}. Training, selection and the checkpoints are the run's own, unchanged.
 Everything else is `python -m world_model.training.train`, whose arguments this script takes:
 
-    python results/benchmark/cpu_baseline_probes/weight_average_probe.py --config CFG --data DATA --out RUN ...
+    python probes/baseline/weight_average_probe.py --config CFG --data DATA --out RUN ...
 
 A probe, not a setting of the package: it wraps the training loop's step and validation for this process only.
 """

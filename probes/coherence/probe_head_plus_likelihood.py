@@ -1,7 +1,7 @@
 """Probe: the coherence head's score plus w times the predictor's per-token log-likelihood (not a ratio), for a grid of
 w: Story Cloze on each half, and retrieval on the val half alone (to choose w) and on all cloze stories.
 
-    python results/coherence/probe_head_plus_likelihood.py runs/cpu-causal-copy/h4_l2_four_tensor_causal_copy_s0/best \
+    python probes/coherence/probe_head_plus_likelihood.py runs/cpu-causal-copy/h4_l2_four_tensor_causal_copy_s0/best \
         results/coherence/head_plus_likelihood_s0.json
 
 The folder is a predictor with its coherence head (`python -m world_model.benchmark.coherence_rows` writes one).

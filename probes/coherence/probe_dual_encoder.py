@@ -2,7 +2,7 @@
 (world_model/evaluation/floors/dual_encoder.py) at a few settings on the training stories and reads each one's
 coherence report (Story Cloze val and test, retrieval); the setting to quote is the one of highest val accuracy.
 
-    python results/coherence/probe_dual_encoder.py results/coherence/dual_encoder_settings.json
+    python probes/coherence/probe_dual_encoder.py results/coherence/dual_encoder_settings.json
 """
 
 import json
