@@ -31,11 +31,6 @@ DEFAULT_MODEL_TYPE = "four_tensor"
 DATA_FIELDS = ("vocab_size", "content_vocab_size", "padding_idx", "unknown_idx")
 
 
-def register_model(model_type: str, config_class: type, model_class: type) -> None:
-    """Add a model under `model_type` (the value its config's ``to_dict()`` writes as "model_type")."""
-    MODEL_TYPES[model_type] = (config_class, model_class)
-
-
 def model_classes(model_type: str) -> tuple[type, type]:
     """(config class, model class) of a registered type; a ValueError naming the known types otherwise."""
     try:
