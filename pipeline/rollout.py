@@ -37,6 +37,7 @@ from pipeline.presets import available_presets
 from pipeline.run_folder import run_folder
 from pipeline.run_outputs import rollout_record, window_warnings, write_json, write_outputs
 from world_model.generation.explain import describe_slice, explain_lines, probability_text, step_records
+from world_model.generation.predict import MAX_SAMPLES, MAX_STEPS  # one rule for the text and the video commands
 from world_model.models.generation_config import GenerationConfig
 from world_model.text.windows import CaptionState, CaptionWindow, caption_states, caption_window, decode_states
 from world_model.utils.cli import SettingsParser, check_device, run_command
@@ -44,8 +45,6 @@ from world_model.utils.files import replace_dir
 from world_model.utils.timing import timed
 
 Progress = Callable[[float, str], None]
-MAX_STEPS = 64  # predicted states per run
-MAX_SAMPLES = 16  # alternative futures per run
 
 
 class RolloutError(ValueError):

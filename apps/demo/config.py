@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pipeline.presets import COMPONENTS, PROJECT_ROOT, available_presets
 
-MAX_STEPS = 10
+MAX_STEPS = 10  # the demo's own cap, below the rollout's MAX_STEPS: a shared server's request stays short
 MAX_FILE_MB = 200.0  # uploads larger than this are refused (by Gradio before the upload, and by us after)
 MAX_MINUTES = 10.0  # clips longer than this are refused before any model work
 RUN_MAX_AGE_S = 2 * 3600  # request folders older than this are deleted when a new request starts
