@@ -555,3 +555,46 @@ def test_the_pack_trainers_refuse_an_unwritable_out_before_reading_data(tmp_path
                     importlib.import_module(module).main)  # fmt: skip
     assert code == 2
     assert_one_error(err, "is a file, not a folder")
+
+
+@pytest.mark.slow
+def test_sigterm_while_a_request_runs_stops_the_demo_cleanly(tmp_path):
+    """The request's worker thread is inside torch when the signal arrives: the process still ends with 143 and
+    one line, the request's folder removed, not with SIGABRT ("terminate called without an active exception")."""
+    import socket
+
+    from gradio_client import Client, handle_file
+
+    models = [
+        "--captioner", str(make_tiny_blip(tmp_path / "blip")),
+        "--renderer", str(make_tiny_sd(tmp_path / "sd")),
+        "--predictor", str(make_tiny_predictor(tmp_path / "predictor", d_x=4, d_t=2, n_heads=1, n_layers=1)),
+    ]  # fmt: skip
+    clip = write_test_clip(tmp_path / "clip.mp4", seconds=20.0, fps=10)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "apps.demo", *models, "--port", str(port), "--temp-root", str(tmp_path / "runs")]
+    demo = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(240):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        client.submit(handle_file(str(clip)), 10, 0.5, "custom", 0, 0, 1, api_name="/rollout")
+        for _ in range(120):  # until the request's folder exists: the rollout is running
+            if list((tmp_path / "runs").glob("*")):
+                break
+            time.sleep(0.25)
+        time.sleep(1.0)
+        demo.send_signal(signal.SIGTERM)
+        _, err = demo.communicate(timeout=120)
+    finally:
+        demo.kill()
+    assert demo.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "terminate called" not in err and "interrupted by SIGTERM; server stopped" in err
+    assert not [p for p in (tmp_path / "runs").rglob("*") if p.is_dir() and p.name != "runs"]
