@@ -284,9 +284,9 @@ def shots(tmp_path_factory):
     return folder
 
 
-def open_page(browser, url):
+def open_page(browser, url, width=1400):
     """A page in a fresh context (its own cookies and Gradio session); nothing outside localhost loads."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context = browser.new_context(viewport={"width": width, "height": 1000})
     context.route(re.compile(r"^https?://(?!127\.0\.0\.1[:/]|localhost[:/])"), lambda route: route.abort())
     page = context.new_page()
     page.set_default_timeout(RUN_TIMEOUT_MS)
@@ -355,6 +355,38 @@ def test_upload_and_run_shows_every_output(server, browser, clip, shots):
     assert page.locator("#unknown_banner").inner_text().strip() == "", "no banner: the tiny captioner is uncalibrated"
     page.locator("#rendered").scroll_into_view_if_needed()
     page.screenshot(path=shots / "rollout.png", full_page=True)
+    page.context.close()
+
+
+BROKEN_WORDS_JS = """() => {
+  const broken = [];
+  for (const cell of document.querySelectorAll('#predicted td, #predicted th')) {
+    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      for (const m of node.textContent.matchAll(/\\S+/g)) {
+        const range = document.createRange();
+        range.setStart(node, m.index);
+        range.setEnd(node, m.index + m[0].length);
+        const lines = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+        if (lines.size > 1) broken.push(m[0]);
+      }
+    }
+  }
+  return broken;
+}"""
+
+
+def test_the_explanation_table_breaks_no_word_at_900_px(server, browser, clip, shots):
+    url, _ = server
+    page = open_page(browser, url, width=900)
+    upload(page, clip)
+    set_steps(page, 2)
+    page.locator("#run").click()
+    wait_done(page)
+    assert page.locator("#predicted td").count() > 0
+    assert page.evaluate(BROKEN_WORDS_JS) == [], "words or numbers split across lines"
+    page.locator("#predicted").scroll_into_view_if_needed()
+    page.screenshot(path=shots / "table_900px.png", full_page=True)
     page.context.close()
 
 

@@ -158,6 +158,15 @@ def wire(config: DemoConfig, inputs: dict, run: gr.Button, panels: dict) -> None
     ).failure(lambda: FAILED_MESSAGE, None, [status], queue=False, **hidden)
 
 
+# The captions and explanation tables wrap at spaces only (Gradio's Markdown breaks words and numbers anywhere in a
+# narrow column); a table wider than the page scrolls sideways instead.
+TABLE_CSS = """
+#predicted table { display: block; overflow-x: auto; max-width: 100%; table-layout: auto; }
+#predicted th, #predicted td { word-break: normal !important; overflow-wrap: normal !important; hyphens: none; }
+#predicted .p-alt, #predicted .p-chosen { white-space: nowrap; }
+"""
+
+
 def launch_demo(demo: gr.Blocks, config: DemoConfig | None = None, **kwargs):
     """Serve `demo` on `config.host`:`config.port` with Gradio's own upload limit (`max_file_mb`); `kwargs` go to
     `gr.Blocks.launch` (and win over the config's host and port).
@@ -168,7 +177,7 @@ def launch_demo(demo: gr.Blocks, config: DemoConfig | None = None, **kwargs):
     """
     config = config or DemoConfig()
     allowed = allowed_paths(config)
-    options = {"server_name": config.host, "server_port": config.port, **kwargs}
+    options = {"server_name": config.host, "server_port": config.port, "css": TABLE_CSS, **kwargs}
     return demo.launch(max_file_size=int(config.max_file_mb * 1024 * 1024), allowed_paths=allowed or None, **options)
 
 
