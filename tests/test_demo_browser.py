@@ -135,7 +135,7 @@ def test_pipeline_errors_become_readable_messages_and_leave_no_folder(clip, tmp_
     monkeypatch.setattr(run, "run_rollout", missing_pack)
     with pytest.raises(gr.Error) as caught:
         handle_run(str(clip), 2, preset="offline", config=DemoConfig(temp_root=tmp_path / "runs"))
-    assert caught.value.message == "the offline model pack is not in this installation"
+    assert caught.value.message == checks.OFFLINE_MISSING  # in the page's words: which control to change
     assert list((tmp_path / "runs").iterdir()) == []
 
 
@@ -170,8 +170,8 @@ def test_a_request_folder_is_unfinished_while_its_rollout_runs_and_removed_if_th
 def test_seeds_outside_the_generator_range_are_refused(clip, no_rollout, seed):
     with pytest.raises(gr.Error, match=rf"The seed must be a whole number from 0 to {checks.MAX_SEED}"):
         handle_run(str(clip), 2, seed=seed)
-    with pytest.raises(gr.Error, match="The seed must be"):
-        on_check(str(clip), 2, DemoConfig(), seed)
+    status, banner, clicked = on_check(str(clip), 2, DemoConfig(), seed)  # said in the status area
+    assert status.startswith("**Could not run:** The seed must be") and clicked == checks.REFUSED
 
 
 def flagged_record(flags):
@@ -422,13 +422,12 @@ def test_text_file_named_mp4_gives_a_readable_error(server, browser, not_a_video
     status.wait_for()  # said as soon as the upload lands
     assert "Cannot read notes.mp4 as a video: it is not a video file" in status.inner_text()
     page.locator("#run").click()
-    toast = page.locator(".toast-body", has_text="Cannot read notes.mp4 as a video")
-    toast.wait_for()
-    text = toast.inner_text()
+    refused = page.locator("#status", has_text="Could not run: Cannot read notes.mp4 as a video")
+    refused.wait_for()
+    text = refused.inner_text()
     assert "it is not a video file" in text and "Traceback" not in text and "/tmp" not in text
-    assert "Traceback" not in page.content()
+    assert "Traceback" not in page.content() and page.locator(".toast-body").count() == 0, "no error box"
     assert "Error" not in page.locator("#observed").inner_text(), "a refused request leaves the outputs alone"
-    page.wait_for_timeout(500)  # the toast fades in
     page.screenshot(path=shots / "not_a_video.png", full_page=True)
     page.context.close()
 
@@ -441,10 +440,19 @@ def test_pipeline_error_is_shown_as_its_message(server, browser, clip, offline_p
     page.locator("#preset input").click()
     page.get_by_role("option", name="offline", exact=True).click()
     page.locator("#run").click()
-    page.locator(".toast-body", has_text="offline model pack is not in this installation").wait_for()
-    page.locator("#status", has_text="The rollout failed").wait_for()
-    assert "Traceback" not in page.content()
+    failed = page.locator("#status", has_text="Could not run")
+    failed.wait_for()
+    assert "offline model pack is not installed on this server" in failed.inner_text()
+    assert "Traceback" not in page.content() and page.locator(".toast-body").count() == 0, "no error box"
+    for panel in ("#observed", "#rendered"):
+        assert "Error" not in page.locator(panel).inner_text(), "a failed run does not mark the outputs as errors"
     assert set(temp_root.iterdir()) == before, "a failed request leaves no folder behind"
+    page.locator("#preset input").click()  # then a good run: the status is its own, nothing stale stays
+    page.get_by_role("option", name="custom", exact=True).click()
+    set_steps(page, 1)
+    page.locator("#run").click()
+    status = wait_done(page)
+    assert "Could not run" not in status and page.locator(".toast-body").count() == 0
     page.context.close()
 
 
@@ -452,8 +460,8 @@ def test_run_without_a_clip_asks_for_one(server, browser):
     url, _ = server
     page = open_page(browser, url)
     page.locator("#run").click()
-    page.locator(".toast-body", has_text=EMPTY_MESSAGE).wait_for()
-    assert "Traceback" not in page.content()
+    page.locator("#status", has_text=EMPTY_MESSAGE).wait_for()
+    assert "Traceback" not in page.content() and page.locator(".toast-body").count() == 0
     page.context.close()
 
 

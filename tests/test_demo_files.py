@@ -70,6 +70,8 @@ def test_a_hub_preset_that_cannot_load_is_explained_in_the_pages_words():
     )
     assert readable(err) == HUB_UNAVAILABLE and "/root" not in HUB_UNAVAILABLE and "--" not in HUB_UNAVAILABLE
     assert readable(ValueError("a clip at /srv/up/x.mp4"), Path("/srv/up/x.mp4")) == "a clip at x.mp4"
+    missing = PresetError("the offline model pack is not in this installation (missing: /srv/pack). Use --preset hub")
+    assert readable(missing).startswith("The offline model pack is not installed on this server. Choose **hub**")
 
 
 def test_samples_that_coincide_are_said_to(tmp_path):

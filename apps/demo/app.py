@@ -12,7 +12,15 @@ from pathlib import Path
 import gradio as gr
 
 from apps import demo as demo_package
-from apps.demo.checks import FAILED_MESSAGE, READY_MESSAGE, format_duration, on_check, on_upload
+from apps.demo.checks import (
+    FAILED_MESSAGE,
+    READY_MESSAGE,
+    REFUSED,
+    error_status,
+    format_duration,
+    on_check,
+    on_upload,
+)
 from apps.demo.config import COMPONENTS, CUSTOM, MAX_STEPS, RUN_MAX_AGE_S, DemoConfig
 from apps.demo.run import handle_run, remove_unfinished
 from pipeline.presets import PresetError, choose_preset
@@ -125,18 +133,23 @@ def wire(config: DemoConfig, inputs: dict, run: gr.Button, panels: dict) -> None
         clicked_at,
         progress=gr.Progress(),  # noqa: B008 (Gradio finds its tracker by this default; *args would hide it)
     ):
-        return handle_run(
-            clip,
-            steps,
-            interval,
-            preset,
-            seed,
-            temperature,
-            samples,
-            config=config,
-            clicked_at=clicked_at,
-            progress=lambda fraction, message: progress(fraction, desc=message),
-        )
+        if clicked_at == REFUSED:  # on_check already said why in the status area
+            return tuple(gr.skip() for _ in range(7))
+        try:
+            return handle_run(
+                clip,
+                steps,
+                interval,
+                preset,
+                seed,
+                temperature,
+                samples,
+                config=config,
+                clicked_at=clicked_at,
+                progress=lambda fraction, message: progress(fraction, desc=message),
+            )
+        except gr.Error as err:  # said in the status area, the outputs emptied: no error box left open
+            return None, "", None, None, None, error_status(err.message), ""
 
     status, banner, clip = panels["status"], panels["banner"], inputs["clip"]
     hidden = {"show_progress": "hidden", "api_visibility": "private"}
@@ -148,14 +161,14 @@ def wire(config: DemoConfig, inputs: dict, run: gr.Button, panels: dict) -> None
         [status, banner, clicked],
         concurrency_limit=None,
         **hidden,
-    ).success(
+    ).then(
         on_run,
         [*inputs.values(), clicked],
         outputs,
         concurrency_limit=config.concurrency,
         concurrency_id="rollout",
         api_name="rollout",
-    ).failure(lambda: FAILED_MESSAGE, None, [status], queue=False, **hidden)
+    ).failure(lambda: FAILED_MESSAGE, None, [status], queue=False, **hidden)  # only an unforeseen crash gets here
 
 
 # The captions and explanation tables wrap at spaces only (Gradio's Markdown breaks words and numbers anywhere in a

@@ -73,14 +73,26 @@ def on_upload(video: str | None, config: DemoConfig) -> str:
         return f"**Cannot use this clip:** {md_escape(err.message)}"
 
 
+REFUSED = -1.0  # on_check's "time of the click" for a refused request: the run step then changes nothing
+
+
 def on_check(video: str | None, steps: float, config: DemoConfig, seed: float = 0) -> tuple[str, str, float]:
-    """The quick first step of a run: refuse a bad request at once; else the status, an empty out-of-world
-    banner and the time of the click (the rollout may then wait in the queue, and its reported time counts that)."""
-    if video is None:
-        raise fail(EMPTY_MESSAGE)
-    check_steps(steps)
-    check_seed(seed)
-    return f"**Running** on {describe_clip(*check_clip(video, config))} …", "", time.time()
+    """The quick first step of a run: the status, an empty out-of-world banner and the time of the click (the
+    rollout may then wait in the queue, and its reported time counts that); for a bad request, the status says why
+    (`error_status`) and the time is `REFUSED`."""
+    try:
+        if video is None:
+            raise fail(EMPTY_MESSAGE)
+        check_steps(steps)
+        check_seed(seed)
+        return f"**Running** on {describe_clip(*check_clip(video, config))} …", "", time.time()
+    except gr.Error as err:
+        return error_status(err.message), "", REFUSED
+
+
+def error_status(message: str) -> str:
+    """The status area's words for a request that could not run (the next run's status replaces them)."""
+    return f"**Could not run:** {message}"
 
 
 def check_steps(steps) -> int:
@@ -116,12 +128,22 @@ HUB_UNAVAILABLE = (
 )
 
 
+OFFLINE_MISSING = (
+    "The offline model pack is not installed on this server. Choose **hub** under Model preset (the hub models), "
+    "or ask the server's owner to install the pack."
+)
+
+
 def readable(err: BaseException, video: Path | None = None) -> str:
     """The error's message for a person at the browser: the server's upload path shortened to the file name, and a
     preset that cannot load said in the page's words (which control to change), with no server path."""
     message = str(err) or type(err).__name__
-    if "--preset hub" in message or (message.startswith("auto:") and "neither cached nor reachable" in message):
+    if message.startswith("--preset hub:") or (
+        message.startswith("auto:") and "neither cached nor reachable" in message
+    ):
         return HUB_UNAVAILABLE
+    if "offline model pack is not in this installation" in message:
+        return OFFLINE_MISSING
     if video is not None:
         message = message.replace(str(video), video.name)
     return message
