@@ -91,3 +91,26 @@ def test_samples_that_coincide_are_said_to(tmp_path):
     record["predictions"][1]["sentences"] = ["a ball stops."]
     status = run.outputs(RolloutResult(tmp_path, record, [], []), tmp_path / "run.zip", "req", 1.0, 3, 0.8)[5]
     assert "different future" not in status
+
+
+def test_a_demo_stopped_beside_another_leaves_the_others_examples_served(tmp_path):
+    """Gradio caches the example clips it serves and clears its cache when a server starts or stops: each demo has a
+    cache of its own, so stopping one does not take the other's examples."""
+    examples = tmp_path / "examples"
+    examples.mkdir()
+    write_test_clip(examples / "ball.mp4", seconds=1.0, fps=4)
+    apps = []
+    try:
+        for i in range(2):
+            config = DemoConfig(examples_dir=examples, temp_root=tmp_path / f"runs{i}", port=free_port())
+            app = build_demo(config)
+            _, url, _ = launch_demo(app, config, prevent_thread_lock=True, quiet=True)
+            apps.append((app, url))
+        caches = [Path(app.GRADIO_CACHE) for app, _ in apps]
+        assert caches[0] != caches[1] and caches[1].is_relative_to(tmp_path / "runs1")
+        apps[0][0].close()
+        [cached] = [p for p in caches[1].rglob("ball.mp4")]
+        assert status_of(f"{apps[1][1]}gradio_api/file={cached}") == 200
+    finally:
+        for app, _ in apps:
+            app.close()

@@ -21,7 +21,7 @@ from apps.demo.checks import (
     on_check,
     on_upload,
 )
-from apps.demo.config import COMPONENTS, CUSTOM, MAX_STEPS, RUN_MAX_AGE_S, DemoConfig
+from apps.demo.config import CACHE_PREFIX, COMPONENTS, CUSTOM, MAX_STEPS, RUN_MAX_AGE_S, DemoConfig
 from apps.demo.run import handle_run, remove_unfinished
 from pipeline.presets import PresetError, choose_preset
 from world_model.utils.cli import (
@@ -37,6 +37,16 @@ from world_model.utils.cli import (
 )
 
 
+def own_gradio_cache(config: DemoConfig) -> Path:
+    """A Gradio cache folder of this server's own under `temp_root` (set as GRADIO_TEMP_DIR before the page's
+    components are made): Gradio keeps the example clips it serves in its cache and empties it when a server
+    starts or stops, so a cache shared with another demo on the machine loses that demo's examples."""
+    config.temp_root.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=CACHE_PREFIX, dir=config.temp_root))
+    os.environ["GRADIO_TEMP_DIR"] = str(folder)
+    return folder
+
+
 def build_demo(config: DemoConfig | None = None) -> gr.Blocks:
     """The Blocks app serving `config` (default `DemoConfig()`): the request's controls on the left, its results on
     the right; a click first checks the request (cheap, not queued), then queues the rollout."""
@@ -45,6 +55,7 @@ def build_demo(config: DemoConfig | None = None) -> gr.Blocks:
     preset = config.preset or (CUSTOM if CUSTOM in choices else "auto")
     if preset not in choices:
         raise PresetError(f"unknown preset {preset!r}; choose one of: {', '.join(choices)}")
+    own_gradio_cache(config)
     with gr.Blocks(title="Semantic world model", analytics_enabled=False, delete_cache=(3600, RUN_MAX_AGE_S)) as demo:
         gr.Markdown(
             "# Semantic world model\n"

@@ -13,6 +13,7 @@ MAX_STEPS = 10  # the demo's own cap, below the rollout's MAX_STEPS: a shared se
 MAX_FILE_MB = 200.0  # uploads larger than this are refused (by Gradio before the upload, and by us after)
 MAX_MINUTES = 10.0  # clips longer than this are refused before any model work
 RUN_MAX_AGE_S = 2 * 3600  # request folders older than this are deleted when a new request starts
+CACHE_PREFIX = "gradio-"  # a server's own Gradio cache under temp_root, never pruned as a request folder
 EXAMPLES_DIR = PROJECT_ROOT / "examples"
 CUSTOM = "custom"  # the preset choice meaning "the models named on the command line"
 

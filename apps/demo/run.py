@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from apps.demo.checks import EMPTY_MESSAGE, check_clip, check_seed, check_steps, fail, md_escape, readable
-from apps.demo.config import COMPONENTS, CUSTOM, RUN_MAX_AGE_S, DemoConfig
+from apps.demo.config import CACHE_PREFIX, COMPONENTS, CUSTOM, RUN_MAX_AGE_S, DemoConfig
 from apps.demo.explain_view import HEADER, LEGEND, predicted_rows
 from encoders.frames import VideoError
 from pipeline.config import FrameSampling, ModelChoice
@@ -39,6 +39,8 @@ def new_request_dir(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     cutoff = time.time() - RUN_MAX_AGE_S
     for old in root.iterdir():
+        if old.name.startswith(CACHE_PREFIX):  # a server's Gradio cache (`apps.demo.app.own_gradio_cache`)
+            continue
         try:
             if old.is_dir() and old.stat().st_mtime < cutoff:
                 shutil.rmtree(old, ignore_errors=True)
