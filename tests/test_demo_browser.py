@@ -337,6 +337,7 @@ def check_results(page, steps):
     assert response.ok
     names = zipfile.ZipFile(io.BytesIO(response.body())).namelist()
     assert any(n.endswith("/rollout.json") for n in names) and any(n.endswith("/rollout.mp4") for n in names)
+    assert not any(n.endswith(".gif") for n in names), "the GIF repeats the MP4: not zipped"
     assert "Traceback" not in page.content()
 
 

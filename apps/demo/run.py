@@ -49,6 +49,23 @@ def new_request_dir(root: Path) -> Path:
     return Path(tempfile.mkdtemp(dir=root, prefix=time.strftime("%Y%m%d-%H%M%S-")))
 
 
+ZIP_LEAVES_OUT = ("rollout.gif",)  # the GIF repeats rollout.mp4, several times its size (11 MB for an 8 s clip)
+
+
+def zip_run(run_dir: Path) -> Path:
+    """RUN_DIR.zip beside the run folder: every file of it under RUN_DIR/ but `ZIP_LEAVES_OUT`, already compressed
+    media stored as they are."""
+    import zipfile
+
+    archive = run_dir.with_suffix(".zip")
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in sorted(run_dir.rglob("*")):
+            if path.is_file() and path.name not in ZIP_LEAVES_OUT:
+                stored = path.suffix in (".mp4", ".png", ".gif", ".jpg")
+                zf.write(path, path.relative_to(run_dir.parent), zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED)
+    return archive
+
+
 def safe_stem(path: Path) -> str:
     stem = re.sub(r"[^A-Za-z0-9_-]+", "_", path.stem).strip("_")
     return stem[:40] or "clip"
@@ -109,7 +126,7 @@ def handle_run(
             progress=report,
         )
         report(1.0, "packing the run folder")
-        archive = Path(shutil.make_archive(str(run_dir), "zip", root_dir=request, base_dir=run_dir.name))
+        archive = zip_run(run_dir)
     except KNOWN_ERRORS as err:
         shutil.rmtree(request, ignore_errors=True)
         raise fail(readable(err, path)) from None
