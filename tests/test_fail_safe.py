@@ -439,6 +439,7 @@ def test_an_internal_failure_exits_1_and_points_to_verbose(capsys, monkeypatch):
         (["--temp-root", "{file}/runs"], "--temp-root {file}/runs/request: {file} is a file, not a folder"),
         (["--device", "bogus"], "--device bogus is not a device"),
         (["--seed", "-1"], "--seed must be >= 0, got -1"),
+        (["--threads", "0"], "--threads must be between 1 and"),
     ],
 )
 def test_bad_demo_flags_are_refused_before_the_server_starts(tmp_path, capsys, monkeypatch, args, says):

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 import gradio as gr
+import torch
 
 from apps import demo as demo_package
 from apps.demo.checks import (
@@ -258,6 +259,7 @@ def serve(config: DemoConfig) -> None:
     check_device(config.device)
     check_writable(config.temp_root / "request", "--temp-root")
     check_model_folders(config)
+    torch.set_num_threads(config.threads)
     demo = build_demo(config)
     if len(config.overrides()) < len(COMPONENTS):
         try:  # say now which models requests will use, or why none would work

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,13 @@ class DemoConfig:
     steps: int = field(default=3, metadata={"help": f"initial predicted steps (1 to {MAX_STEPS}, default 3)"})
     interval: float = field(default=1.0, metadata={"help": "initial sampling interval in seconds (default 1)"})
     seed: int = field(default=0, metadata={"help": "initial seed (default 0)"})
+    threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "torch CPU threads for the models (default: half the CPU cores, at least 1: a rollout then keeps "
+            "its speed beside another busy process)"
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -71,6 +79,10 @@ class DemoConfig:
             raise ValueError(f"--interval must be a positive number of seconds, got {self.interval}")
         if self.seed < 0:  # torch takes no negative seed: every request would fail
             raise ValueError(f"--seed must be >= 0, got {self.seed}")
+        if self.threads is not None and not 1 <= self.threads <= (os.cpu_count() or 1):
+            raise ValueError(f"--threads must be between 1 and {os.cpu_count() or 1} (this machine's cores)")
+        if self.threads is None:
+            self.threads = max(1, (os.cpu_count() or 2) // 2)
         self.temp_root = Path(self.temp_root) if self.temp_root else default_temp_root()
         if self.temp_root.exists() and not self.temp_root.is_dir():
             raise ValueError(f"--temp-root {self.temp_root} is a file, not a folder")
