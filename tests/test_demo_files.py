@@ -114,3 +114,26 @@ def test_a_demo_stopped_beside_another_leaves_the_others_examples_served(tmp_pat
     finally:
         for app, _ in apps:
             app.close()
+
+
+def test_api_calls_with_values_the_page_never_sends_are_refused_in_one_log_line(tmp_path, capfd, caplog):
+    from gradio_client import Client, handle_file
+
+    clip = write_test_clip(tmp_path / "clip.mp4", seconds=1.0, fps=4)
+    config = DemoConfig(examples_dir=tmp_path / "none", temp_root=tmp_path / "runs", port=free_port())
+    app = build_demo(config)
+    _, url, _ = launch_demo(app, config, prevent_thread_lock=True, quiet=True)
+    refused = []
+    try:
+        client = Client(url, verbose=False)
+        for args in ((1000, 1.0, "auto"), (2, -5.0, "auto"), (2, 1.0, "nonsense")):
+            try:
+                client.predict(handle_file(str(clip)), *args, 0, 0, 1, api_name="/rollout")
+            except Exception as err:  # the caller is told why
+                refused.append(str(err))
+    finally:
+        app.close()
+    assert len(refused) == 3 and "Value 1000 is greater than maximum value 10" in refused[0]
+    assert "Traceback" not in capfd.readouterr().err
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused a request")]
+    assert len(lines) == 3 and lines[2].startswith("refused a request: Model preset: Value: nonsense")

@@ -13,6 +13,7 @@ import gradio as gr
 import torch
 
 from apps import demo as demo_package
+from apps.demo import quiet_inputs as quiet
 from apps.demo.checks import (
     FAILED_MESSAGE,
     READY_MESSAGE,
@@ -84,8 +85,8 @@ def request_controls(config: DemoConfig, choices: list[str], preset: str) -> tup
         gr.Examples([[str(p)] for p in examples], inputs=[clip], label="Bundled examples")
     inputs = {
         "clip": clip,
-        "steps": gr.Slider(1, MAX_STEPS, value=config.steps, step=1, label="Predicted steps", elem_id="steps"),
-        "interval": gr.Slider(
+        "steps": quiet.Slider(1, MAX_STEPS, value=config.steps, step=1, label="Predicted steps", elem_id="steps"),
+        "interval": quiet.Slider(
             0.25,
             10,
             value=config.interval,
@@ -93,7 +94,7 @@ def request_controls(config: DemoConfig, choices: list[str], preset: str) -> tup
             label="Sampling interval (seconds between frames)",
             elem_id="interval",
         ),
-        "preset": gr.Dropdown(
+        "preset": quiet.Dropdown(
             choices,
             value=preset,
             label="Model preset",
@@ -102,13 +103,13 @@ def request_controls(config: DemoConfig, choices: list[str], preset: str) -> tup
             if CUSTOM in choices
             else "auto = hub models when cached or reachable, else the offline pack",
         ),
-        "seed": gr.Number(value=config.seed, precision=0, label="Seed", elem_id="seed"),
+        "seed": quiet.Number(value=config.seed, precision=0, label="Seed", elem_id="seed"),
     }
     with gr.Accordion("Sampling (optional)", open=False):
-        inputs["temperature"] = gr.Slider(
+        inputs["temperature"] = quiet.Slider(
             0, 2, value=0, step=0.1, label="Temperature (0 = greedy)", elem_id="temperature"
         )
-        inputs["samples"] = gr.Slider(
+        inputs["samples"] = quiet.Slider(
             1, 4, value=1, step=1, label="Alternative futures (needs temperature > 0)", elem_id="samples"
         )
     return inputs, gr.Button("Run rollout", variant="primary", elem_id="run")
