@@ -13,7 +13,6 @@ import gradio as gr
 import torch
 
 from apps import demo as demo_package
-from apps.demo import quiet_inputs as quiet
 from apps.demo.checks import (
     FAILED_MESSAGE,
     READY_MESSAGE,
@@ -24,6 +23,7 @@ from apps.demo.checks import (
     on_upload,
 )
 from apps.demo.config import CACHE_PREFIX, COMPONENTS, CUSTOM, MAX_STEPS, RUN_MAX_AGE_S, DemoConfig
+from apps.demo.quiet_inputs import quiet
 from apps.demo.run import handle_run, remove_unfinished
 from pipeline.presets import PresetError, choose_preset
 from world_model.utils.cli import (
@@ -85,8 +85,8 @@ def request_controls(config: DemoConfig, choices: list[str], preset: str) -> tup
         gr.Examples([[str(p)] for p in examples], inputs=[clip], label="Bundled examples")
     inputs = {
         "clip": clip,
-        "steps": quiet.Slider(1, MAX_STEPS, value=config.steps, step=1, label="Predicted steps", elem_id="steps"),
-        "interval": quiet.Slider(
+        "steps": gr.Slider(1, MAX_STEPS, value=config.steps, step=1, label="Predicted steps", elem_id="steps"),
+        "interval": gr.Slider(
             0.25,
             10,
             value=config.interval,
@@ -94,7 +94,7 @@ def request_controls(config: DemoConfig, choices: list[str], preset: str) -> tup
             label="Sampling interval (seconds between frames)",
             elem_id="interval",
         ),
-        "preset": quiet.Dropdown(
+        "preset": gr.Dropdown(
             choices,
             value=preset,
             label="Model preset",
@@ -103,15 +103,17 @@ def request_controls(config: DemoConfig, choices: list[str], preset: str) -> tup
             if CUSTOM in choices
             else "auto = hub models when cached or reachable, else the offline pack",
         ),
-        "seed": quiet.Number(value=config.seed, precision=0, label="Seed", elem_id="seed"),
+        "seed": gr.Number(value=config.seed, precision=0, label="Seed", elem_id="seed"),
     }
     with gr.Accordion("Sampling (optional)", open=False):
-        inputs["temperature"] = quiet.Slider(
+        inputs["temperature"] = gr.Slider(
             0, 2, value=0, step=0.1, label="Temperature (0 = greedy)", elem_id="temperature"
         )
-        inputs["samples"] = quiet.Slider(
+        inputs["samples"] = gr.Slider(
             1, 4, value=1, step=1, label="Alternative futures (needs temperature > 0)", elem_id="samples"
         )
+    for name in ("steps", "interval", "preset", "seed", "temperature", "samples"):  # an API call may send anything
+        quiet(inputs[name])
     return inputs, gr.Button("Run rollout", variant="primary", elem_id="run")
 
 
