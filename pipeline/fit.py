@@ -38,6 +38,7 @@ from pipeline.fit_captions import (
 )
 from pipeline.fit_report import fit_report, markdown_table, warnings_of
 from pipeline.presets import PROJECT_ROOT
+from world_model.data.synthetic.episodes import read_episodes
 from world_model.training.config import load_config
 from world_model.utils.cli import (
     SettingsParser,
@@ -125,7 +126,7 @@ def fit_command(clips: Path, settings: FitSettings, command: str) -> dict:
         summary = train_predictor(config, out, settings)
         for name in PREDICTOR_FILES:
             shutil.copy2(out / "run" / "best" / name, out / name)
-        records = {split: read_split(out / "data" / split) for split in ("train", "heldout")}
+        records = {split: read_episodes(out / "data" / split) for split in ("train", "heldout")}
         report = fit_report(out, records["train"], records["heldout"], settings.steps)
         frames = sum(len(c.captions) for c in captioned)
         flagged = sum(c.flagged for c in captioned)
@@ -190,12 +191,6 @@ def write_split(folder: Path, clips: list[str], sequences: dict[str, list[str]])
         for clip in clips
     ]
     (folder / "episodes.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-
-def read_split(folder: Path) -> list[dict]:
-    from world_model.data.synthetic.episodes import read_episodes
-
-    return read_episodes(folder)
 
 
 def default_config(sequences: list[list[str]]) -> dict:

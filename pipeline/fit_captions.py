@@ -125,12 +125,10 @@ def caption_clip(captioner, path: Path, captioning: Captioning) -> ClipCaptions:
     )
     for warning in clip.warnings:
         print(f"warning: {path.name}: {warning}", flush=True)
-    images = [frame.image for frame in clip]
-    if hasattr(captioner, "caption_and_ground"):
-        captions, groundings = captioner.caption_and_ground(images)
-        flagged = clip_verdict(groundings)["flagged"]
-    else:
-        captions, flagged = captioner(images), 0
+    from pipeline.rollout import caption
+
+    captions, groundings = caption(captioner, [frame.image for frame in clip], lambda fraction, message: None)
+    flagged = clip_verdict(groundings)["flagged"]  # 0 for a captioner that gives no grounding
     return ClipCaptions(path.name, [round(frame.timestamp, 3) for frame in clip], captions, flagged)
 
 

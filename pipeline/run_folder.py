@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from world_model.utils.cli import UsageError, check_writable
+from world_model.utils.cli import UsageError, check_not_dangling, check_writable
 from world_model.utils.files import FolderInUse, claimed
 
 
@@ -86,11 +86,10 @@ def timestamp() -> str:
 def check_out(out_dir: Path) -> None:
     """A RunFolderError for a folder that cannot be written, a link to nothing, a mount point (the finished run
     replaces the folder by renaming, which a mount point refuses), or the working folder or one that holds it."""
-    if out_dir.is_symlink() and not out_dir.exists():
-        raise RunFolderError(f"--out {out_dir} is a link to nothing ({os.readlink(out_dir)}); give a real folder")
     if out_dir.is_dir() and os.path.ismount(out_dir):
         raise RunFolderError(f"--out {out_dir} is a mount point, which a run cannot replace; give a folder inside it")
     try:
+        check_not_dangling(out_dir, "--out")
         check_writable(out_dir)
     except UsageError as err:
         raise RunFolderError(str(err)) from None

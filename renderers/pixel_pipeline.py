@@ -39,6 +39,7 @@ from transformers import CLIPTextConfig, CLIPTextModel, PreTrainedTokenizerBase
 
 from world_model.data.synthetic.simulation import STRIP_SIZE
 from world_model.text.word_tokenizer import build_word_tokenizer
+from world_model.utils.cli import check_range
 
 
 @dataclass
@@ -73,8 +74,7 @@ class PixelPipelineConfig:
             raise ValueError(f"--block-out-channels must be one or more positive widths, got {self.block_out_channels}")
         for name in ("patch_size", "layers_per_block", "head_channels", "text_dim", "text_layers", "text_heads",
                      "max_text_length", "num_train_timesteps", "num_inference_steps"):  # fmt: skip
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+            check_range(f"--{name.replace('_', '-')}", getattr(self, name), 1)
         levels = len(self.block_out_channels)
         if not 0 <= self.self_attention_levels <= self.attention_levels <= levels:
             raise ValueError(

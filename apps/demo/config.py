@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.presets import COMPONENTS, PROJECT_ROOT, available_presets
+from world_model.utils.cli import check_range
 
 MAX_STEPS = 10  # the demo's own cap, below the rollout's MAX_STEPS: a shared server's request stays short
 MAX_FILE_MB = 200.0  # uploads larger than this are refused (by Gradio before the upload, and by us after)
@@ -77,10 +78,8 @@ class DemoConfig:
                 raise ValueError(f"{flag} must be a positive number, got {value}")
         if not (math.isfinite(self.interval) and self.interval > 0):
             raise ValueError(f"--interval must be a positive number of seconds, got {self.interval}")
-        if self.seed < 0:  # torch takes no negative seed: every request would fail
-            raise ValueError(f"--seed must be >= 0, got {self.seed}")
-        if self.threads is not None and not 1 <= self.threads <= (os.cpu_count() or 1):
-            raise ValueError(f"--threads must be between 1 and {os.cpu_count() or 1} (this machine's cores)")
+        check_range("--seed", self.seed, 0)  # torch takes no negative seed: every request would fail
+        check_range("--threads", self.threads, 1, os.cpu_count() or 1)  # at most this machine's cores
         if self.threads is None:
             self.threads = max(1, (os.cpu_count() or 2) // 2)
         self.temp_root = Path(self.temp_root) if self.temp_root else default_temp_root()

@@ -287,6 +287,12 @@ def check_positive(flag: str, value: float | None) -> None:
         raise ValueError(f"{flag} must be > 0, got {value:g}")
 
 
+def check_not_dangling(path: Path, flag: str) -> None:
+    """A UsageError when `path` is a symbolic link to nothing (writing through it would fail, or land elsewhere)."""
+    if path.is_symlink() and not path.exists():
+        raise UsageError(f"{flag} {path} is a link to nothing ({os.readlink(path)}); give a real path")
+
+
 def check_output(
     path: str | os.PathLike,
     flag: str,
@@ -297,8 +303,7 @@ def check_output(
     nothing, is neither one of the `inputs` (what each is called -> its path; None is skipped) nor inside one, and,
     without `overwrite`, does not exist yet."""
     path = Path(path)
-    if path.is_symlink() and not path.exists():
-        raise UsageError(f"{flag} {path} is a link to nothing ({os.readlink(path)}); give a real path")
+    check_not_dangling(path, flag)
     check_writable(path, flag)
     target = path.resolve()
     for name, given in (inputs or {}).items():
