@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from world_model.generation.sentence_bank import Readout, resolve_readout
+from world_model.generation.readouts import Readout, resolve_readout
 from world_model.models.registry import Predictor
 from world_model.models.registry import load_predictor as load_predictor_folder
 
@@ -31,7 +31,7 @@ def load_predictor(name: str, device: str) -> Predictor:
 
 @lru_cache(maxsize=4)
 def load_readout(name: str, device: str, readout: str, coherence: bool = False) -> Readout:
-    """How the predictor reads its states off (`world_model.generation.sentence_bank.resolve_readout`), its bank
+    """How the predictor reads its states off (`world_model.generation.readouts.resolve_readout`), its bank
     ranked with the folder's coherence head when `coherence`; a bank is encoded once."""
     predictor = load_predictor(name, device)
     model = predictor.model

@@ -13,7 +13,7 @@ from world_model.data.synthetic.episodes import episode_sentences, read_episodes
 from world_model.data.synthetic.scenes import FIRST_SCENE_TYPES
 from world_model.evaluation import calibration
 from world_model.evaluation.calibration import fit_temperature, metrics
-from world_model.generation.sentence_bank import resolve_readout
+from world_model.generation.readouts import resolve_readout
 from world_model.models.decoding import slot_log_likelihood, write_known_sentences
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.four_tensor_config import FourTensorConfig

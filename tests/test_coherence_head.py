@@ -12,7 +12,8 @@ from world_model.data.rocstories import build_vocabulary, encode_windows, load_c
 from world_model.evaluation.evaluate import WITH_HEAD, evaluate_checkpoint
 from world_model.generation.bank_file import SentenceBank, save_bank
 from world_model.generation.predict import SHIPPED_CHECKPOINT
-from world_model.generation.sentence_bank import bank_rollout, resolve_readout
+from world_model.generation.readouts import resolve_readout
+from world_model.generation.sentence_bank import BankRanking, bank_rollout
 from world_model.models.checkpoint import CheckpointError
 from world_model.models.coherence_head import (
     HEAD_CONFIG,
@@ -78,7 +79,9 @@ def test_the_heads_score_adds_the_weighted_likelihood_and_the_bank_ranks_by_the_
     likelihood = token_log_likelihood(log_probs, bank.candidates[None])[0]
     assert torch.allclose(heavy - plain, 1e6 * likelihood, rtol=1e-4)
     assert heavy.argmax() == likelihood.argmax() != plain.argmax()  # the weight moves the head's choice here
-    chosen = bank_rollout(model, window, 1, bank, names=False, guard=False, coherence=head, coherence_weight=1.0)
+    chosen = bank_rollout(
+        model, window, 1, bank, BankRanking(names=False, guard=False, coherence=head, coherence_weight=1.0)
+    )
     assert torch.equal(chosen[0, 0], bank.candidates[likelihood.argmax()])
 
 
@@ -171,8 +174,10 @@ def test_the_bank_ranked_with_a_heavy_head_picks_the_heads_favourite(tmp_path):
     bank = SentenceBank.encode(STORY[3:], [], VOCAB, N)
     window = torch.tensor([[ids(s) for s in STORY[:3]]])  # (1, T=3, N)
     favourite = head.score(model, window, bank.candidates[None])[0].argmax()
-    plain = bank_rollout(model, window, 1, bank, names=False, guard=False)[0, 0]
-    heavy = bank_rollout(model, window, 1, bank, names=False, guard=False, coherence=head, coherence_weight=1e6)
+    plain = bank_rollout(model, window, 1, bank, BankRanking(names=False, guard=False))[0, 0]
+    heavy = bank_rollout(
+        model, window, 1, bank, BankRanking(names=False, guard=False, coherence=head, coherence_weight=1e6)
+    )
     assert torch.equal(heavy[0, 0], bank.candidates[favourite])
     assert not torch.equal(plain, bank.candidates[favourite])  # the likelihood alone picks another sentence here
     model.save_pretrained(tmp_path, vocab=VOCAB)

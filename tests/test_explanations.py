@@ -149,7 +149,9 @@ def test_bank_readout_probability_is_the_softmax_of_its_ranking_scores(vocab, wi
     model = tiny_model(vocab)
     bank = SentenceBank.encode(WORDS, [], vocab, N)
     seen = []
-    states = bank_rollout(model, windows[:1], 1, bank, explanations=seen, alternatives=2)[0, 0]
+    states = bank_rollout(model, windows[:1], 1, bank, generation=GenerationConfig(alternatives=2), explanations=seen)[
+        0, 0
+    ]
     with torch.no_grad():
         log_probs = slot_log_probs(model, windows[:1])[0]
     length = (bank.candidates != PAD_ID).sum(1).float() ** 1.5
@@ -268,6 +270,7 @@ def test_a_window_shorter_than_T_grows_and_each_step_explains_its_own_window(voc
 
 def test_demo_cells_mark_copied_words_and_escape_model_text():
     from apps.demo.explain_view import attention_cell, sentence_cell
+    from pipeline.record import ObservedFrame
 
     copy = [
         {"slot": 0, "word": "the", "gate": 0.1, "pointer_mass": 0.2, "share": 0.05},
@@ -282,5 +285,5 @@ def test_demo_cells_mark_copied_words_and_escape_model_text():
             {"source": "empty", "index": None, "text": "", "mass": 0.75},
         ]
     }
-    bars = attention_cell(step, [{"timestamp_s": 2.0}])
+    bars = attention_cell(step, [ObservedFrame(2.0, 20, "x", None, "observed/000.png")])
     assert bars.count("<meter") == 2 and "t=2.0s" in bars and 'value="0.7500"' in bars

@@ -1,6 +1,7 @@
 """The whole rollout command on a clip written by the test, with tiny models of the real architectures
 saved locally (a BLIP captioner, a Stable Diffusion pipeline, a 4-tensor predictor)."""
 
+import dataclasses
 import json
 import os
 import stat
@@ -16,7 +17,7 @@ from pipeline.rollout import main, run_rollout
 from pipeline.run_folder import RunFolderError
 from pipeline.tiny_pack import make_tiny_blip, make_tiny_sd
 from tests.model_factories import one_torch_thread, write_test_clip
-from world_model.generation.sentence_bank import Readout
+from world_model.generation.readouts import Readout
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.four_tensor_config import FourTensorConfig
 from world_model.models.generation_config import GenerationConfig
@@ -365,3 +366,33 @@ def test_renders_are_letterboxed_not_stretched_into_the_video():
     assert (frame[:, :32] == 0).all() and (frame[:, 128:] == 0).all(), "black bars either side"
     tall = fit(np.full((80, 40, 3), 255, np.uint8), (40, 40))
     assert (tall[:, 10:30] == 255).all() and (tall[:, :10] == 0).all()
+
+
+def test_a_new_readout_is_one_class_and_one_config_value(models, clip, tmp_path, monkeypatch):
+    """A readout registered by its class alone is chosen by `readout` in the generation settings and on the command
+    line; the rollout predicts what it reads off, and an unregistered name is refused with the choices."""
+    from world_model.generation import readouts
+
+    monkeypatch.setattr(readouts, "READOUTS", dict(readouts.READOUTS))
+
+    @readouts.register_readout
+    @dataclasses.dataclass
+    class Constant(readouts.Readout):
+        state: torch.Tensor
+        kind = "constant"
+
+        @classmethod
+        def from_folder(cls, folder, known, vocab, n_tokens):
+            return cls(torch.tensor(vocab.encode(WORDS[2], n_tokens)))
+
+        def rollout(self, model, window, steps, generation, generator, explanations=None):
+            return self.state.expand(len(window), steps, -1).to(window.device)
+
+    with one_torch_thread():
+        result = run_rollout(
+            clip, 2, choice(models), generation=GenerationConfig(readout="constant"), output=tmp_path / "constant"
+        )
+    assert [same_sentence(s, WORDS[2]) for s in result.predicted_sentences[0]] == [True, True]
+    assert main([str(clip), "--out", str(tmp_path / "cli"), "--readout", "constant", *cli_models(models)]) == 0
+    with pytest.raises(ValueError, match="readout must be one of auto, tokens, sentences, bank, constant, got .nope."):
+        readouts.resolve_readout(models["predictor"], None, "nope", models["vocab"], 16)

@@ -12,7 +12,8 @@ from tests.test_baseline import make_model as make_baseline
 from tests.test_predict import tiny_checkpoint
 from world_model.generation.bank_file import BANK_NAME, SentenceBank, find_names, load_bank, save_bank
 from world_model.generation.predict import main, predict
-from world_model.generation.sentence_bank import bank_rollout, bank_scores, resolve_readout
+from world_model.generation.readouts import resolve_readout
+from world_model.generation.sentence_bank import BankRanking, bank_rollout, bank_scores
 from world_model.models.decoding import slot_log_likelihood, write_known_sentences
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.four_tensor_config import FourTensorConfig
@@ -77,7 +78,7 @@ def test_bank_picks_the_likeliest_whole_sentence_where_the_slot_readout_mixes_tw
     # By hand: he/happy .55 * .45 against tom/full .45 * .55, a tie; "he" comes first in slot 0 but "full"
     # wins slot 2. Tip it: "tom was full." at .45 * .6 beats "he was happy." at .55 * .4.
     model = model_preferring([DRAW[0], DRAW[1], {"happy": 0.4, "full": 0.6}, DRAW[3]])
-    chosen = bank_rollout(model, window_of("Tom was hungry."), 1, bank, names=False)
+    chosen = bank_rollout(model, window_of("Tom was hungry."), 1, bank, BankRanking(names=False))
     assert decoded(chosen) == ["tom was full."]
 
 
@@ -94,8 +95,10 @@ def test_length_power_decides_between_a_short_and_a_long_sentence():
         ]
     )
     # short: .9 * .45^3 = 0.082 (mean log -0.63); long: .9 * .45^3 * .9 * .9 = 0.066 (mean log -0.45).
-    assert decoded(bank_rollout(model, window_of("Tom was hungry."), 1, bank, length_power=0.0)) == ["he was happy."]
-    assert decoded(bank_rollout(model, window_of("Tom was hungry."), 1, bank, length_power=1.0)) == [
+    assert decoded(bank_rollout(model, window_of("Tom was hungry."), 1, bank, BankRanking(length_power=0.0))) == [
+        "he was happy."
+    ]
+    assert decoded(bank_rollout(model, window_of("Tom was hungry."), 1, bank, BankRanking(length_power=1.0))) == [
         "he went to the kitchen."
     ]
 
@@ -104,7 +107,9 @@ def test_names_of_the_window_replace_the_bank_sentence_names():
     model = model_preferring([{"tom": 0.5, "anna": 0.1}, {"went": 0.5}, {"home": 0.5}, {".": 0.9}])
     bank = bank_of("anna went home.", "he was happy.", "anna's dog barked.")
     assert decoded(bank_rollout(model, window_of("Tom was hungry."), 1, bank)) == ["tom went home."]
-    assert decoded(bank_rollout(model, window_of("Tom was hungry."), 1, bank, names=False)) == ["anna went home."]
+    assert decoded(bank_rollout(model, window_of("Tom was hungry."), 1, bank, BankRanking(names=False))) == [
+        "anna went home."
+    ]
     edits = bank.name_edits(bank.context_names(window_of("Tom was hungry.")[0]))
     assert decoded(bank.substitute_edits(edits)) == ["tom went home.", "he was happy.", "tom's dog barked."]
     # Two people in the window: a bank sentence's first name becomes the window's first, and so on.
@@ -136,10 +141,13 @@ def test_repeat_guard_skips_sentences_already_in_the_window():
     )
     bank = bank_of("he was happy.", "he went to the kitchen.")
     window = window_of("Tom was hungry.", "He was happy.")
-    assert decoded(bank_rollout(model, window, 1, bank, guard=False)) == ["he was happy."]
+    assert decoded(bank_rollout(model, window, 1, bank, BankRanking(guard=False))) == ["he was happy."]
     assert decoded(bank_rollout(model, window, 1, bank)) == ["he went to the kitchen."]
     # Over three steps the guard alternates instead of repeating one sentence; without it, one sentence loops.
-    assert decoded(bank_rollout(model, window_of("Tom was hungry."), 3, bank, guard=False)) == ["he was happy."] * 3
+    assert (
+        decoded(bank_rollout(model, window_of("Tom was hungry."), 3, bank, BankRanking(guard=False)))
+        == ["he was happy."] * 3
+    )
     looped = decoded(bank_rollout(model, window_of("Tom was hungry."), 3, bank))
     assert looped[:2] == ["he was happy.", "he went to the kitchen."]
 
@@ -149,7 +157,12 @@ def test_sampling_from_the_bank_is_seeded_and_returns_bank_sentences():
     bank = bank_of("he was happy.", "tom was full.", "he went to the kitchen.")
     window = window_of("Tom was hungry.").expand(16, 4, N)
     draw = lambda seed: bank_rollout(
-        model, window, 2, bank, temperature=3.0, generator=torch.Generator().manual_seed(seed)
+        model,
+        window,
+        2,
+        bank,
+        generation=GenerationConfig(temperature=3.0),
+        generator=torch.Generator().manual_seed(seed),
     )
     assert torch.equal(draw(1), draw(1))
     said = set(decoded(draw(1)))
@@ -161,7 +174,7 @@ def test_the_flat_baseline_reads_off_the_bank_through_its_own_sentence_scores():
     rows = torch.tensor([[4, 9, 3, 0, 0], [5, 6, 7, 3, 0], [10, 11, 3, 0, 0]])  # N = 5, T = 3 there
     bank = SentenceBank(rows, *torch.zeros(3, 0, dtype=torch.long), torch.zeros(0, dtype=torch.bool), {}, {})
     window = torch.randint(2, BASELINE_V, (2, 3, 5), generator=torch.Generator().manual_seed(0))
-    chosen = bank_rollout(model, window, 1, bank, guard=False, length_power=0.0)[:, 0]
+    chosen = bank_rollout(model, window, 1, bank, BankRanking(guard=False, length_power=0.0))[:, 0]
     expected = rows[model.score_sentences(window, rows).argmax(dim=1)]
     assert torch.equal(chosen, expected)
 

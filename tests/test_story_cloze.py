@@ -116,5 +116,9 @@ def test_story_cloze_reports_every_half(data_dir):
         assert {k: result[half][k] for k in sc.VARIANTS} == sc.accuracy(
             *sc.four_tensor_scores(model, context, endings), answer
         )
+
+    class ScoresNothing(torch.nn.Linear):
+        scores_sentences = scores_slots = False
+
     with pytest.raises(ValueError, match="cannot score endings"):
-        sc.model_scorer(torch.nn.Linear(2, 2))
+        sc.model_scorer(ScoresNothing(2, 2))

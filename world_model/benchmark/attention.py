@@ -36,8 +36,6 @@ import torch
 from torch import nn
 
 from world_model.evaluation.seed_stats import mean_interval, mean_sd, paired_difference
-from world_model.models.baseline import BaselineModel
-from world_model.models.four_tensor import FourTensorModel
 from world_model.models.registry import build_model
 
 REFERENCE = "reference"  # the variant name of a pair's own run in the rows below
@@ -46,18 +44,9 @@ FP32_BYTES = 4  # bytes of one cached number
 
 
 # ----- counting -----
-def attention_modules(model: nn.Module) -> list[nn.Module]:
-    """The self-attention module of every layer of a 4-tensor model or a baseline."""
-    if isinstance(model, FourTensorModel):
-        return [layer.attention for layer in model.layers]
-    if isinstance(model, BaselineModel):
-        return [block.attention for block in model.blocks]
-    raise TypeError(f"no attention-parameter count for {type(model).__name__}; known: FourTensorModel, BaselineModel")
-
-
 def attention_parameter_count(model: nn.Module) -> int:
     """Parameters of the Q/K/V (and output) maps of all attention layers (see the module docstring)."""
-    return sum(p.numel() for module in attention_modules(model) for p in module.parameters())
+    return sum(p.numel() for module in model.attention_modules() for p in module.parameters())
 
 
 def config_attention_parameters(model_section: dict, vocab_size: int) -> int:

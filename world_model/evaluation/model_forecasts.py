@@ -41,7 +41,7 @@ CHUNK_ROWS = 512
 def candidate_scores(model: nn.Module, windows: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
     """Each candidate's closed-set score as the next sentence: windows (B, T, N), candidates (C, N) -> (B, C);
     -inf for a baseline candidate pruned below ``PRUNE`` (``pruned_sentence_scores``)."""
-    if hasattr(model, "score_sentences"):  # the flat baseline: teacher-forced log-likelihood
+    if model.scores_sentences:  # the flat baseline: teacher-forced log-likelihood
         return pruned_sentence_scores(model, windows, candidates)
     logits = model.readout_logits(model.last_slice_logits(windows))  # the 4-tensor model's last slice
     return slot_log_likelihood(logits.log_softmax(dim=-1), candidates, PAD_ID)

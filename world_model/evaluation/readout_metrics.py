@@ -25,7 +25,7 @@ import torch
 
 from world_model.evaluation.coherence import restatement_rate
 from world_model.generation.bank_file import SentenceBank
-from world_model.generation.sentence_bank import COHERENCE_WEIGHT, LENGTH_POWER, bank_rollout
+from world_model.generation.sentence_bank import COHERENCE_WEIGHT, LENGTH_POWER, BankRanking, bank_rollout
 from world_model.models.coherence_head import CoherenceHead
 from world_model.models.generation_config import GenerationConfig
 from world_model.text.vocab import PAD_ID, SENTENCE_END_TOKENS, Vocabulary, tokenize
@@ -81,7 +81,7 @@ def predict(
                 options = {k: readout[k] for k in ("names", "guard", "length_power")}
                 if "coherence" in readout:
                     options.update(coherence=head, coherence_weight=readout["coherence"])
-                out.append(bank_rollout(model, w, steps, bank, **options))
+                out.append(bank_rollout(model, w, steps, bank, BankRanking(**options)))
     return torch.cat(out)
 
 

@@ -72,14 +72,13 @@ def floor_scores(floor: CountFloor, context: torch.Tensor, endings: torch.Tensor
 
 
 def model_scorer(model: nn.Module, batch_size: int = 64) -> Scorer:
-    """The scorer of a loaded model: the baseline's `score_sentences`, else the 4-tensor last slice."""
-    if hasattr(model, "score_sentences"):
+    """The scorer of a loaded model, by what it declares it scores: whole sentences (the baseline's
+    `score_sentences`), else the next state's slots (the 4-tensor last slice)."""
+    if model.scores_sentences:
         return lambda context, endings: baseline_scores(model, context, endings)
-    if hasattr(model, "last_slice_logits"):
+    if model.scores_slots:
         return lambda context, endings: four_tensor_scores(model, context, endings, batch_size)
-    raise ValueError(
-        f"{type(model).__name__} has neither score_sentences nor last_slice_logits: it cannot score endings"
-    )
+    raise ValueError(f"{type(model).__name__} scores neither whole sentences nor slots: it cannot score endings")
 
 
 def floor_scorer(floor: CountFloor) -> Scorer:

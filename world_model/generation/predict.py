@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from world_model.generation.explain import describe_slice, explain_lines, probability_text, step_records
-from world_model.generation.sentence_bank import resolve_readout
+from world_model.generation.readouts import resolve_readout
 from world_model.models.generation_config import GenerationConfig
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import tokenize
@@ -43,7 +43,7 @@ def predict(
 ) -> dict:
     """The predicted next `steps` sentences for each sample, with the window and its unknown words; `generation`
     (default greedy) as in `world_model.models.generation_config`, its readout as in
-    `world_model.generation.sentence_bank.resolve_readout`. Raises ValueError for an empty sentence or `steps` /
+    `world_model.generation.readouts.resolve_readout`. Raises ValueError for an empty sentence or `steps` /
     samples outside 1..MAX_STEPS / 1..MAX_SAMPLES; `warnings` names sentences cut to the slot count. With
     `generation.explanations` (the default), `explanations` holds per future the per-step records of
     `world_model.generation.explain` (None for a model that cannot explain)."""

@@ -20,7 +20,7 @@ against a blank window), so the pick follows what the head learned comes next ra
 
 A predictor folder carries its bank as sentence_bank.json.gz (`world_model.generation.bank_file`, written by
 `python -m world_model.generation.sentence_bank`);
-any folder with one reads its states off the bank unless told otherwise (`resolve_readout`).
+any folder with one reads its states off the bank unless told otherwise (`world_model.generation.readouts`).
 
     python -m world_model.generation.sentence_bank --data ../shared/data/rocstories --out world_model/pretrained/rocstories-cpu
 """
@@ -30,28 +30,22 @@ from __future__ import annotations
 import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
 
 # isort: split
-import os
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
-from world_model.generation.bank_file import BANK_NAME, SentenceBank, load_bank, write_rocstories_bank
-from world_model.models.checkpoint import CheckpointError, resolve_folder
+from world_model.generation.bank_file import SentenceBank, write_rocstories_bank
 from world_model.models.coherence_head import (
-    HEAD_CONFIG,
     CoherenceHead,
-    load_coherence_head,
     pooled_state,
     readout_log_probs,
 )
-from world_model.models.decoding import KNOWN_SENTENCES_NAME, choose_candidates, load_confidence_temperature
-from world_model.models.explanations import ALTERNATIVES, LastSliceProbe, StepExplanation, closed_set_choice
-from world_model.models.four_tensor import FourTensorModel
-from world_model.models.generation_config import READOUT_CHOICES, GenerationConfig
-from world_model.models.precision import autocast
+from world_model.models.decoding import choose_candidates
+from world_model.models.explanations import LastSliceProbe, StepExplanation, closed_set_choice
+from world_model.models.generation_config import GREEDY, GenerationConfig
 from world_model.models.rollout import slide_rollout
-from world_model.text.vocab import PAD_ID, Vocabulary
+from world_model.text.vocab import PAD_ID
 from world_model.utils.cli import SettingsParser, add_verbose, run_command
 
 SAMPLE_TOP_K = 20  # sampling draws among this many best sentences unless top_k is given: over the whole bank,
@@ -64,11 +58,10 @@ COHERENCE_WEIGHT = 0.1
 
 
 def slot_log_probs(model, window: torch.Tensor) -> torch.Tensor | None:
-    """Per-slot log-probabilities (B, N, V) of the next state for the 4-tensor model, padding and the unknown
-    word excluded as in its own readout; None for a model with `score_sentences` (the flat baseline)."""
-    if hasattr(model, "score_sentences"):
-        return None
-    return CoherenceHead.slot_log_probs(model, window)
+    """Per-slot log-probabilities (B, N, V) of the next state for a model that `scores_slots` (the 4-tensor
+    predictor), padding and the unknown word excluded as in its own readout; None for one that does not (the flat
+    baseline scores whole sentences instead)."""
+    return CoherenceHead.slot_log_probs(model, window) if model.scores_slots else None
 
 
 def bank_scores(
@@ -172,63 +165,69 @@ class CoherentRanking:
         return self.head.combined(self.head.scale * (self.sentences @ self.context[b]), ratio, likelihood / tokens)
 
 
+@dataclass(frozen=True)
+class BankRanking:
+    """How `bank_rollout` ranks the bank: the window's `names` put in, sentences already in the window excluded
+    (`guard`), scores divided by length ** `length_power`, and `coherence_weight` times the `coherence` head's
+    score added when a head is given."""
+
+    names: bool = True
+    guard: bool = True
+    length_power: float = LENGTH_POWER
+    coherence: CoherenceHead | None = None
+    coherence_weight: float = COHERENCE_WEIGHT
+
+
 @torch.no_grad()
 def bank_rollout(
     model,
     window: torch.Tensor,
     steps: int,
     bank: SentenceBank,
-    temperature: float = 0.0,
-    top_k: int | None = None,
+    ranking: BankRanking = BankRanking(),
+    generation: GenerationConfig = GREEDY,
     generator: torch.Generator | None = None,
-    names: bool = True,
-    guard: bool = True,
-    length_power: float = LENGTH_POWER,
-    coherence: CoherenceHead | None = None,
-    coherence_weight: float = COHERENCE_WEIGHT,
     explanations: list[StepExplanation] | None = None,
-    alternatives: int = ALTERNATIVES,
 ) -> torch.Tensor:
     """Predict `steps` states of each window (B, T, N) -> (B, steps, N), each a bank sentence.
 
-    Each step scores the bank for every window (`bank_scores`), with the window's names put in when `names`,
-    divides each score by the sentence's length ** `length_power`, excludes sentences already in the window
-    when `guard` (unless that excludes them all), adds `coherence_weight` times the `coherence` head's score when a
-    head is given (module docstring), takes the best (temperature 0) or samples from
-    softmax(score / temperature) within the top_k (default `SAMPLE_TOP_K`), and slides the window as
-    `model.rollout` does. The bank
-    stays on the CPU; the model runs where its weights are, and the states come back on the window's device.
-    Given a list, `explanations` receives each step's `StepExplanation` (on the CPU): probabilities are the softmax of
-    the length-normalised scores over the bank (guarded sentences 0), with `alternatives` runner-ups.
+    Each step scores the bank for every window (`bank_scores`), ranks it as `ranking` says (module docstring),
+    takes the best (`generation.temperature` 0) or samples from softmax(score / temperature) within its top_k
+    (default `SAMPLE_TOP_K`), and slides the window as `model.rollout` does. The bank stays on the CPU; the model
+    runs where its weights are, and the states come back on the window's device. Given a list, `explanations`
+    receives each step's `StepExplanation` (on the CPU): probabilities are the softmax of the length-normalised
+    scores over the bank (guarded sentences 0), with `generation.alternatives` runner-ups.
     """
-    device, top_k = window.device, top_k or SAMPLE_TOP_K
+    device, top_k = window.device, generation.top_k or SAMPLE_TOP_K
     index = torch.arange(len(bank.candidates))[:, None]  # (C, 1): `choose_candidates` then returns row numbers
-    length = (bank.candidates != PAD_ID).sum(dim=1).float() ** length_power  # (C,)
-    if coherence is not None and not hasattr(model, "last_slice_logits"):
+    length = (bank.candidates != PAD_ID).sum(dim=1).float() ** ranking.length_power  # (C,)
+    if ranking.coherence is not None and not model.scores_slots:
         raise ValueError("a coherence head reads the 4-tensor predictor's state; this model has none")
-    ranking = None if coherence is None else CoherentRanking.for_bank(coherence.cpu(), bank)
+    coherent = None if ranking.coherence is None else CoherentRanking.for_bank(ranking.coherence.cpu(), bank)
 
     def next_state(window: torch.Tensor) -> torch.Tensor:  # (B, T, N) on the CPU -> (B, N)
         window_device = window.to(device)
-        if ranking is not None:
-            ranking.read_blank(model, window_device)  # outside the probe: it watches the step's own pass only
+        if coherent is not None:
+            coherent.read_blank(model, window_device)  # outside the probe: it watches the step's own pass only
         with LastSliceProbe(model, active=explanations is not None) as probe:
-            log_probs = slot_log_probs(model, window_device) if ranking is None else ranking.read(model, window_device)
+            log_probs = (
+                slot_log_probs(model, window_device) if coherent is None else coherent.read(model, window_device)
+            )
         states, choices = [], []
         for b in range(len(window)):
-            edits = bank.name_edits(bank.context_names(window[b]) if names else [])
+            edits = bank.name_edits(bank.context_names(window[b]) if ranking.names else [])
             likelihood = bank_scores(
                 bank, edits, None if log_probs is None else log_probs[b].cpu(), model, window[b : b + 1].to(device)
             )
             scores = likelihood / length
-            if ranking is not None:
-                scores = scores + coherence_weight * ranking.scores(b, bank, edits, likelihood)
-            if guard:
+            if coherent is not None:
+                scores = scores + ranking.coherence_weight * coherent.scores(b, bank, edits, likelihood)
+            if ranking.guard:
                 scores = guarded(scores, bank, edits, window[b])
-            row = choose_candidates(scores[None], index, temperature, top_k, generator)[0]  # (1,)
+            row = choose_candidates(scores[None], index, generation.temperature, top_k, generator)[0]  # (1,)
             states.append(bank.substitute_edits(edits, row)[0])
             if explanations is not None:
-                p, rows, p_rows = closed_set_choice(scores[None], row, alternatives)
+                p, rows, p_rows = closed_set_choice(scores[None], row, generation.alternatives)
                 choices.append((p, bank.substitute_edits(edits, rows[0])[None], p_rows))
         state = torch.stack(states)  # (B, N)
         if explanations is not None:
@@ -236,141 +235,6 @@ def bank_rollout(
         return state
 
     return slide_rollout(window.cpu(), steps, model.config.n_states, next_state).to(device)
-
-
-def can_explain(model) -> bool:
-    """Whether `model`'s rollouts record `StepExplanation`s (the 4-tensor predictor's do; the flat baseline's not)."""
-    return isinstance(model, FourTensorModel)
-
-
-@dataclass
-class Readout:
-    """How a predictor reads its states off: "tokens" (the paper's per-slot readout), "sentences" (a known
-    closed set, `world_model.models.decoding`) or "bank" (this module)."""
-
-    kind: str
-    known: torch.Tensor | None = None  # (C, N) for "sentences"
-    bank: SentenceBank | None = None  # for "bank"
-    confidence_temperature: float = 1.0  # for "sentences": explanations report softmax(score / this)
-    coherence: CoherenceHead | None = None  # for "bank": rank with the folder's coherence head
-
-    @property
-    def name(self) -> str:
-        """For records and tables."""
-        if self.kind == "tokens":
-            return "tokens"
-        if self.kind == "bank":
-            return f"bank ({len(self.bank.candidates)} sentences)"
-        calibrated = (
-            "" if self.confidence_temperature == 1 else f", confidence temperature {self.confidence_temperature:g}"
-        )
-        return f"sentences ({len(self.known)} known{calibrated})"
-
-    def rollout(
-        self,
-        model,
-        window: torch.Tensor,
-        steps: int,
-        generation: GenerationConfig,
-        generator: torch.Generator | None,
-        explanations: list[StepExplanation] | None = None,
-    ) -> torch.Tensor:
-        """Predicted states (B, steps, N) of windows (B, T, N); `generation.end_ids` end a sentence of the tokens
-        readout, its temperature and top_k apply to every readout. Given a list (and a model that `can_explain`),
-        `explanations` receives each step's `world_model.models.explanations.StepExplanation`."""
-        explain = (
-            {} if explanations is None else {"explanations": explanations, "alternatives": generation.alternatives}
-        )
-        generation = replace(generation, confidence_temperature=self.confidence_temperature)
-        if self.kind == "bank":
-            return bank_rollout(
-                model,
-                window,
-                steps,
-                self.bank,
-                generation.temperature,
-                generation.top_k,
-                generator,
-                coherence=self.coherence,
-                **explain,
-            )
-        return model.rollout(window, steps, generation, generator, candidates=self.known, **explain)
-
-    def futures(
-        self,
-        model,
-        vocab: Vocabulary,
-        window: torch.Tensor,
-        steps: int,
-        generation: GenerationConfig,
-        explanations: list[list[StepExplanation]] | None = None,
-    ) -> list[torch.Tensor]:
-        """`generation.futures` rollouts of `steps` states from one window (1, T, N), drawn in turn from one generator
-        seeded with `generation.seed`, under its precision, a sentence ending at the vocabulary's end tokens; each a
-        (steps, N) tensor of ids on the CPU. Given a list, `explanations` receives one list of `steps`
-        StepExplanations per future (for a model that `can_explain`)."""
-        generation = replace(generation, end_ids=vocab.end_ids)
-        generator = generation.generator()
-        futures = []
-        for _ in range(generation.futures):
-            steps_seen = [] if explanations is not None and can_explain(model) else None
-            with autocast(generation.precision, window.device):
-                futures.append(self.rollout(model, window, steps, generation, generator, steps_seen)[0].cpu())
-            if explanations is not None:
-                explanations.append(steps_seen)
-        return futures
-
-
-def resolve_readout(
-    folder: str | os.PathLike,
-    known: torch.Tensor | None,
-    readout: str,
-    vocab: Vocabulary,
-    n_tokens: int,
-    coherence_for=None,
-) -> Readout:
-    """The readout a predictor folder gets: `auto` takes its known sentences, else its sentence bank, else
-    tokens; `sentences` and `bank` require the file; `tokens` reads tokens off freely. With `coherence_for`, the
-    folder's predictor, its bank readout ranks with the folder's coherence head, which it then must have."""
-    if coherence_for is not None:
-        return coherent_readout(folder, coherence_for, resolve_readout(folder, known, readout, vocab, n_tokens))
-    if readout not in READOUT_CHOICES:
-        raise ValueError(f"readout must be one of {', '.join(READOUT_CHOICES)}, got {readout!r}")
-    if readout == "tokens":
-        return Readout("tokens")
-    if readout == "sentences" or (readout == "auto" and known is not None):
-        if known is None:
-            raise ValueError(
-                f"readout 'sentences' needs {KNOWN_SENTENCES_NAME} in the predictor folder {folder}, "
-                "which has none; use readout 'tokens'"
-            )
-        return Readout(
-            "sentences", known=known, confidence_temperature=load_confidence_temperature(resolve_folder(folder))
-        )
-    bank = load_bank(resolve_folder(folder), vocab, n_tokens)
-    if bank is None and readout == "bank":
-        raise ValueError(
-            f"readout 'bank' needs {BANK_NAME} in the predictor folder {folder}, which has none; build "
-            "one with python -m world_model.generation.sentence_bank, or use readout 'tokens'"
-        )
-    return Readout("tokens") if bank is None else Readout("bank", bank=bank)
-
-
-def coherent_readout(folder: str | os.PathLike, model, readout: Readout) -> Readout:
-    """`readout` ranking its bank with the folder's coherence head; ValueError unless it is a bank readout and the
-    folder holds a head that fits `model`."""
-    if readout.kind != "bank":
-        raise ValueError(f"coherence ranks the sentences of a bank readout; this one reads {readout.name}")
-    try:
-        head = load_coherence_head(resolve_folder(folder), model)
-    except CheckpointError as err:
-        raise ValueError(str(err)) from err
-    if head is None:
-        raise ValueError(
-            f"coherence needs {HEAD_CONFIG} in the predictor folder {folder}, which has none; train one with "
-            "python -m world_model.training.coherence"
-        )
-    return replace(readout, coherence=head)
 
 
 @dataclass

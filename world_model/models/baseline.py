@@ -69,6 +69,10 @@ class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):
     """The free-running 1-D baseline: packed token strings (B, L) -> next-token logits (B, L, V)."""
 
     config_class = BaselineConfig
+    # What a readout or a scorer may ask of this model (world_model.generation.readouts):
+    scores_slots = False  # no per-slot distribution of the next state: its tokens come one after another
+    scores_sentences = True  # teacher-forced log-likelihood of whole sentences (`score_sentences`)
+    explains = False  # rollouts record no `StepExplanation`s
 
     def __init__(self, config: BaselineConfig):
         super().__init__()
@@ -91,6 +95,10 @@ class BaselineModel(PretrainedMixin, BaselineGeneration, nn.Module):
         for block in self.blocks:
             for residual_out in (block.attention_output_map(), block.fc2):
                 nn.init.normal_(residual_out.weight, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layers))
+
+    def attention_modules(self) -> list[nn.Module]:
+        """The self-attention module of every block."""
+        return [block.attention for block in self.blocks]
 
     def attention_parameter_count(self) -> int:
         """Parameters of the attention maps of all layers (4 d^2 per layer for the default mha)."""

@@ -38,6 +38,10 @@ class FourTensorModel(PretrainedMixin, FourTensorGeneration, nn.Module):
     """The 4-tensor predictor: token windows (B, T, N) -> logits (B, N, T, V) for S(1..T)."""
 
     config_class = FourTensorConfig
+    # What a readout or a scorer may ask of this model (world_model.generation.readouts):
+    scores_slots = True  # per-slot log-probabilities of the next state (`slice_logits`, `last_slice_logits`)
+    scores_sentences = False  # no teacher-forced likelihood of whole sentences (`score_sentences`)
+    explains = True  # rollouts record `StepExplanation`s
 
     def __init__(self, config: FourTensorConfig):
         super().__init__()
@@ -49,6 +53,10 @@ class FourTensorModel(PretrainedMixin, FourTensorGeneration, nn.Module):
         nn.init.xavier_uniform_(self.W_prime)
         self.pointer = CopyPath(config) if config.copy_path else None
         self._readout_cache: tuple[tuple, torch.Tensor] | None = None  # (weights' identity and versions, M)
+
+    def attention_modules(self) -> list[nn.Module]:
+        """The self-attention module of every layer."""
+        return [layer.attention for layer in self.layers]
 
     # ----- checks on what callers hand in -----
     def check_token_ids(self, token_ids: torch.Tensor, name: str = "token_ids") -> None:

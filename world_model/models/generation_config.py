@@ -19,7 +19,7 @@ import torch
 from world_model.models.explanations import ALTERNATIVES
 from world_model.models.precision import PRECISIONS, check_precision
 
-READOUT_CHOICES = ("auto", "sentences", "bank", "tokens")  # `readout`; "bank" is `world_model.generation.sentence_bank`
+AUTO_READOUT = "auto"  # `readout`: the first readout the predictor folder supports (`world_model.generation.readouts`)
 MAX_SEED = 2**32 - 1
 HIDDEN = {"help": argparse.SUPPRESS}  # set by code (from the vocabulary), not a command-line flag
 
@@ -37,7 +37,7 @@ class GenerationConfig:
     autocast (`world_model.models.precision`).
     The fields with help are the commands' flags (`transformers.HfArgumentParser`)."""
 
-    _argument_group_name = "generation"
+    flag_group = "generation"
     temperature: float = field(default=0.0, metadata={"help": "0 = greedy (default); > 0 samples"})
     top_k: int | None = field(default=None, metadata={"help": "sample only among the k likeliest words or sentences"})
     end_ids: tuple[int, ...] = field(default=(), metadata=HIDDEN)  # a sentence ends after the first of these tokens
@@ -49,7 +49,6 @@ class GenerationConfig:
     readout: str = field(
         default="auto",
         metadata={
-            "choices": READOUT_CHOICES,
             "help": "sentences: pick each state from the predictor's known sentences; bank: from its sentence bank; "
             "tokens: read tokens off freely (the paper's per-slot readout); auto (default): known sentences, else "
             "the bank, else tokens",
@@ -84,8 +83,8 @@ class GenerationConfig:
             raise ValueError(f"--samples must be at least 1, got {self.samples}")
         if not 0 <= self.seed <= MAX_SEED:
             raise ValueError(f"--seed must be between 0 and {MAX_SEED}, got {self.seed}")
-        if self.readout not in READOUT_CHOICES:
-            raise ValueError(f"--readout must be one of {', '.join(READOUT_CHOICES)}, got {self.readout!r}")
+        if not self.readout.isidentifier():
+            raise ValueError(f"--readout must name a readout (auto, sentences, bank, tokens), got {self.readout!r}")
         check_precision(self.precision)
         if not (math.isfinite(self.confidence_temperature) and self.confidence_temperature > 0):
             raise ValueError(f"confidence_temperature must be positive, got {self.confidence_temperature}")
