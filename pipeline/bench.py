@@ -41,7 +41,8 @@ import cv2
 import numpy as np
 
 from pipeline.presets import PROJECT_ROOT, PresetError, choose_preset, load_preset, missing_offline_models
-from world_model.utils.cli import SettingsParser, UsageError, add_verbose, check_device, check_writable, run_command
+from world_model.utils.cli import UsageError, check_device, check_writable
+from world_model.utils.flags import settings_main
 
 STAGES = ("sample_frames", "caption", "predict", "render", "write_outputs")
 # What each stage's per-frame time is divided by.
@@ -284,11 +285,12 @@ class BenchSettings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = SettingsParser(BenchSettings, prog="python -m pipeline.bench", description=__doc__.split("\n\n")[0])
-    add_verbose(parser)
-    settings, args = parser.parse(argv)
-    work = real_size_main if settings.real_size else bench_command
-    return run_command(lambda: work(settings), verbose=args.verbose)
+    return settings_main(BenchSettings, "pipeline.bench", __doc__.split("\n\n")[0], bench_or_real_size, argv)
+
+
+def bench_or_real_size(settings: BenchSettings, command: str) -> int:
+    """The command's work: `real_size_main` with --real-size, else `bench_command`; the exit code."""
+    return real_size_main(settings) if settings.real_size else bench_command(settings)
 
 
 def bench_command(settings: BenchSettings) -> int:

@@ -2,8 +2,8 @@
 written (`OutputConfig`); how sentences are predicted is `world_model.models.generation_config.GenerationConfig`.
 
 The same classes serve the Python API (`run_rollout(video, steps, models, frames, generation, output)`), the
-command line (`transformers.HfArgumentParser` turns their fields into flags; `metadata["help"]` is the flag's help)
-and YAML files (`HfArgumentParser.parse_yaml_file`). Each checks its values in `__post_init__`, so a bad setting
+command line (`world_model.utils.flags.SettingsParser` turns their fields into flags; `metadata["help"]` is the flag's
+help). Each checks its values in `__post_init__`, so a bad setting
 fails before any model work, with the flag's name in the message.
 """
 
@@ -31,7 +31,7 @@ class ConfigError(ValueError):
 class ModelChoice:
     """The models of a run: a preset (configs/pipeline/<name>.yaml, or `auto`), any component overridden."""
 
-    _argument_group_name = "models"
+    flag_group = "models"
     preset: str = field(default="auto", metadata={"help": "model preset: auto, hub or offline (default auto)"})
     captioner: str | None = field(
         default=None, metadata={"help": "image-to-text model: hub id or folder (overrides the preset)"}
@@ -55,7 +55,7 @@ class ModelChoice:
 class FrameSampling:
     """Which frames of the clip are captioned: one every `interval` seconds, or `num_frames` evenly spaced."""
 
-    _argument_group_name = "frames"
+    flag_group = "frames"
     interval: float | None = field(
         default=None, metadata={"help": f"seconds between sampled frames (default {DEFAULT_INTERVAL_S:g})"}
     )
@@ -102,7 +102,7 @@ class FrameSampling:
 class OutputConfig:
     """What a run writes and how it treats frames outside the captioner's world."""
 
-    _argument_group_name = "output"
+    flag_group = "output"
     out_dir: Path | None = field(
         default=None, metadata={"aliases": ["--out"], "help": "run folder (default runs/<clip>-<time>)"}
     )

@@ -26,10 +26,12 @@ import torch
 
 from pipeline.components import load_predictor, load_readout
 from pipeline.presets import PROJECT_ROOT
-from pipeline.rollout import MAX_STEPS, predict
+from pipeline.rollout import predict
+from world_model.generation.predict import check_horizon
 from world_model.models.generation_config import GenerationConfig
 from world_model.text.windows import caption_states, caption_window
-from world_model.utils.cli import check_range, settings_main
+from world_model.utils.cli import check_range
+from world_model.utils.flags import settings_main
 
 OFFLINE = PROJECT_ROOT / "offline_pack" / "predictor"
 ROCSTORIES = PROJECT_ROOT / "world_model" / "pretrained" / "rocstories-cpu"
@@ -109,7 +111,7 @@ class OverheadSettings:
     out: Path | None = field(default=None, metadata={"help": "folder for overhead.json and overhead.md"})
 
     def __post_init__(self) -> None:
-        check_range("--steps", self.steps, 1, MAX_STEPS)
+        check_horizon(self.steps)
         check_range("--repeats", self.repeats, 1)
 
 

@@ -40,16 +40,9 @@ from pipeline.fit_report import fit_report, markdown_table, warnings_of
 from pipeline.presets import PROJECT_ROOT
 from world_model.data.synthetic.episodes import read_episodes
 from world_model.training.config import load_config
-from world_model.utils.cli import (
-    SettingsParser,
-    UsageError,
-    add_verbose,
-    check_positive,
-    check_range,
-    command_line,
-    run_command,
-)
+from world_model.utils.cli import UsageError, check_positive, check_range
 from world_model.utils.files import claimed, repo_path, write_json_atomic
+from world_model.utils.flags import SettingsParser, add_verbose, settings_main
 
 BASE_CONFIG = PROJECT_ROOT / "configs" / "world_model" / "world.yaml"
 MAX_STATES, MAX_TOKENS = 13, 32  # the default config's window and token slots at most
@@ -91,12 +84,20 @@ class FitSettings:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = SettingsParser(FitSettings, prog="python -m pipeline.fit", description=__doc__.split("\n\n")[0])
+    return settings_main(
+        FitSettings,
+        "pipeline.fit",
+        __doc__.split("\n\n")[0],
+        lambda settings, args, command: fit_command(args.clips, settings, command),
+        argv,
+        arguments=add_clips,
+    )
+
+
+def add_clips(parser: SettingsParser) -> None:
+    """The command's arguments beside its settings: the clips and --verbose."""
     parser.add_argument("clips", type=Path, help="folder of clips, or a captions file (.jsonl or .csv)")
     add_verbose(parser)
-    settings, args = parser.parse(argv)
-    command = command_line("pipeline.fit", argv)
-    return run_command(lambda: fit_command(args.clips, settings, command), verbose=args.verbose)
 
 
 def fit_command(clips: Path, settings: FitSettings, command: str) -> dict:

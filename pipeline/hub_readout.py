@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.presets import PROJECT_ROOT, load_preset
-from world_model.utils.cli import check_writable, settings_main
+from world_model.utils.cli import check_writable
 from world_model.utils.files import atomic_dir, repo_path
+from world_model.utils.flags import settings_main
 
 SEQUENCES = PROJECT_ROOT / "configs" / "pipeline" / "blip_style_sequences.jsonl"
 READOUTS = {  # name -> (readout, coherence)

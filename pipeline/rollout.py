@@ -6,11 +6,11 @@
 
 `run_rollout(video, steps, models, frames, generation, output)` is the Python API that the command and the demo
 both call; its settings are the dataclasses of `pipeline.config` and `world_model.models.generation_config.GenerationConfig`,
-and the command's flags are their fields. A run folder holds the observed and rendered frames, `rollout.json`,
-`storyboard.png`, `rollout.mp4` and `rollout.gif`. It is written beside its destination and renamed into place only
-when complete (a stop signal, Ctrl-C, SIGTERM or SIGHUP, removes it). Every caption carries a grounding score
-(`encoders.grounding`) and the clip a verdict; frames outside the captioner's world are warned about, or refused
-with `--on-unknown stop`.
+and the command's flags are their fields. A run folder holds the observed and rendered frames, `rollout.json`
+(`pipeline.record.RolloutRecord`), `storyboard.png`, `rollout.mp4` and `rollout.gif`. It is written beside its
+destination and renamed into place only when complete (a stop signal, Ctrl-C, SIGTERM or SIGHUP, removes it).
+Every caption carries a grounding score (`encoders.grounding`) and the clip a verdict; frames outside the
+captioner's world are warned about, or refused with `--on-unknown stop`.
 """
 
 from __future__ import annotations
@@ -34,14 +34,20 @@ from encoders.grounding import clip_verdict
 from pipeline.components import load_captioner, load_predictor, load_readout, load_renderer
 from pipeline.config import FrameSampling, ModelChoice, OutputConfig, Plan, make_plan
 from pipeline.presets import available_presets
+from pipeline.record import ClipInfo, GroundingVerdict, Models, OutOfVocabulary, Prediction, RolloutRecord, Window
 from pipeline.run_folder import run_folder
-from pipeline.run_outputs import rollout_record, window_warnings, write_json, write_outputs
+from pipeline.run_outputs import RENDERED, observed_frames, sampling_record, state_spans, window_warnings, write_outputs
 from world_model.generation.explain import describe_slice, explain_lines, probability_text, step_records
-from world_model.generation.predict import MAX_SAMPLES, MAX_STEPS  # one rule for the text and the video commands
+from world_model.generation.predict import (  # one rule for the text and the video commands
+    MAX_SAMPLES,  # noqa: F401  (callers read both caps from here)
+    MAX_STEPS,
+    check_horizon,
+)
 from world_model.models.generation_config import GenerationConfig
 from world_model.text.windows import CaptionState, CaptionWindow, caption_states, caption_window, decode_states
-from world_model.utils.cli import SettingsParser, check_device, run_command
+from world_model.utils.cli import check_device
 from world_model.utils.files import replace_dir
+from world_model.utils.flags import SettingsParser, add_verbose, settings_main
 from world_model.utils.timing import timed
 
 Progress = Callable[[float, str], None]
@@ -53,16 +59,21 @@ class RolloutError(ValueError):
 
 @dataclass
 class RolloutResult:
-    """What a run produced; `record` is the content of rollout.json."""
+    """What a run produced: its folder, its `rollout` (rollout.json, typed) and the frames as arrays."""
 
     run_dir: Path
-    record: dict
+    rollout: RolloutRecord
     observed: list[np.ndarray] = field(repr=False)  # (H, W, 3) uint8 sampled frames
     rendered: list[list[np.ndarray]] = field(repr=False)  # [sample][step] (H, W, 3) uint8
 
     @property
+    def record(self) -> dict:
+        """rollout.json's JSON object, for readers by key."""
+        return self.rollout.to_json()
+
+    @property
     def predicted_sentences(self) -> list[list[str]]:
-        return [s["sentences"] for s in self.record["predictions"]]
+        return [p.sentences for p in self.rollout.predictions]
 
 
 def run_rollout(
@@ -97,10 +108,7 @@ def run_rollout(
     generation = generation or GenerationConfig()
     output = output if isinstance(output, OutputConfig) else OutputConfig(out_dir=output)
     report = progress or (lambda fraction, message: None)
-    if not 1 <= steps <= MAX_STEPS:
-        raise RolloutError(f"--steps must be between 1 and {MAX_STEPS}, got {steps}")
-    if not 1 <= generation.samples <= MAX_SAMPLES:
-        raise RolloutError(f"--samples must be between 1 and {MAX_SAMPLES}, got {generation.samples}")
+    check_horizon(steps, generation.samples, RolloutError)
     check_device(models.device)
     plan = make_plan(models, frames)
     generation = plan.preset.generation_for(generation)
@@ -121,7 +129,7 @@ def run_in(
     generation: GenerationConfig,
     output: OutputConfig,
     report: Progress,
-) -> tuple[dict, list[np.ndarray], list[list[np.ndarray]]]:
+) -> tuple[RolloutRecord, list[np.ndarray], list[list[np.ndarray]]]:
     """The model work of one run, written into `folder`: (rollout.json's record, observed frames, rendered frames)."""
     timings: dict[str, float] = {}
     f, p = plan.frames, plan.preset
@@ -156,28 +164,29 @@ def run_in(
         predictions = predict(predictor, readout, window, states, steps, generation, plan.device)
     with timed(timings, "render"):
         init = images[-1] if output.init_from_last_frame else None
-        rendered = render_states(ren, [q["sentences"] for q in predictions], generation.seed, init, report)
+        rendered = render_states(ren, [q.sentences for q in predictions], generation.seed, init, report)
     with timed(timings, "write_outputs"):
         report(0.9, "writing outputs")
-        record = rollout_record(
-            video,
-            clip,
-            plan,
-            steps,
-            generation,
-            output,
-            readout.name,
-            captions,
-            groundings,
-            verdict,
-            states,
-            window,
-            predictions,
+        info = clip.info
+        record = RolloutRecord(
+            video=str(video),
+            clip=ClipInfo(info.fps, info.duration, info.width, info.height, info.rotation),
+            preset=p.name,
+            preset_reason=plan.reason,
+            models=Models(p.captioner, p.renderer, p.predictor, plan.device),
+            sampling=sampling_record(plan, steps, generation, readout.name, output),
+            observed=observed_frames(clip, captions, groundings),
+            grounding=GroundingVerdict(**verdict),
+            states=state_spans(states, clip),
+            window=Window(window.states, window.token_ids[0].tolist()),
+            oov=OutOfVocabulary(window.tokens, window.unknown, round(window.oov_rate, 4), window.unknown_words),
+            predictions=predictions,
+            warnings=[unknown] * bool(unknown) + list(clip.warnings) + window_warnings(window),
+            timings_s={},  # below, once writing is timed too
         )
-        record["warnings"] = [unknown] * bool(unknown) + list(clip.warnings) + window_warnings(window)
-        write_outputs(folder, record, images, rendered, captions, output.fps)
-    record["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
-    write_json(folder / "rollout.json", record)
+        write_outputs(folder, record, images, rendered, output.fps)
+    record.timings_s = {k: round(v, 3) for k, v in timings.items()}
+    record.write(folder / "rollout.json")
     return record, images, rendered
 
 
@@ -202,23 +211,24 @@ def predict(
     steps: int,
     generation: GenerationConfig,
     device: str,
-) -> list[dict]:
-    """`generation.futures` rollouts of `steps` states from the window of the clip's distinct caption `states`:
-    [{"sentences", "token_ids", "explanations"}], the last a list of per-step records
-    (`world_model.generation.explain`) when `generation.explanations` and the model can explain, else None. An
-    observed slice's `index` in those records is the index of its state's first caption."""
+) -> list[Prediction]:
+    """`generation.futures` rollouts of `steps` states from the window of the clip's distinct caption `states`,
+    their explanations per step (`world_model.generation.explain`) when `generation.explanations` and the model
+    can explain, else None. An observed slice's `index` in those records is the index of its state's first
+    caption."""
     seen = [] if generation.explanations else None
     vocab = predictor.vocab
     futures = readout.futures(predictor.model, vocab, window.token_ids.to(device), steps, generation, seen)
     return [
-        {
-            "sentences": decode_states(ids, vocab),
-            "token_ids": ids.tolist(),
-            "explanations": caption_indices(step_records(steps_seen, ids, window.states, len(states), vocab), states)
+        Prediction(
+            sentences=decode_states(ids, vocab),
+            token_ids=ids.tolist(),
+            explanations=caption_indices(step_records(steps_seen, ids, window.states, len(states), vocab), states)
             if steps_seen
             else None,
-        }
-        for ids, steps_seen in zip(futures, seen or [None] * len(futures))
+            images=[RENDERED.format(k, s + 1) for s in range(steps)],
+        )
+        for k, (ids, steps_seen) in enumerate(zip(futures, seen or [None] * len(futures)))
     ]
 
 
@@ -267,33 +277,31 @@ def unknown_warning(verdict: dict, groundings: list, captioner: str) -> str:
 def summary(result: RolloutResult, explain: bool = False) -> str:
     """What the command prints; with `explain`, each predicted step's probability and its
     `world_model.generation.explain.explain_lines`."""
-    r = result.record
-    lines = [f"preset: {r['preset']} ({r['preset_reason']})"]
+    r = result.rollout
+    lines = [f"preset: {r.preset} ({r.preset_reason})"]
 
     def caption_time(index: int) -> str:
-        return f"caption at t={r['observed'][index]['timestamp_s']:.1f}s"
+        return f"caption at t={r.observed[index].timestamp_s:.1f}s"
 
     lines += [
-        f"  t={o['timestamp_s']:>6.1f}s  {o['caption']}"
-        + ("  [outside the captioner's world]" if (o["grounding"] or {}).get("grounded") is False else "")
-        for o in r["observed"]
+        f"  t={o.timestamp_s:>6.1f}s  {o.caption}"
+        + ("  [outside the captioner's world]" if o.grounding and o.grounding.grounded is False else "")
+        for o in r.observed
     ]
-    merged = (
-        "repeats merged" if r["sampling"]["merge_repeats"] else "repeats kept, as the preset's predictor reads them"
-    )
-    lines.append(f"states: {len(r['states'])} of {len(r['observed'])} captions ({merged})")
-    for k, p in enumerate(r["predictions"]):
-        lines.append(f"predicted{'' if len(r['predictions']) == 1 else f' (sample {k + 1})'}:")
-        for s, text in enumerate(p["sentences"]):
-            step = (p.get("explanations") or [None] * len(p["sentences"]))[s]
+    merged = "repeats merged" if r.sampling.merge_repeats else "repeats kept, as the preset's predictor reads them"
+    lines.append(f"states: {len(r.states)} of {len(r.observed)} captions ({merged})")
+    for k, p in enumerate(r.predictions):
+        lines.append(f"predicted{'' if len(r.predictions) == 1 else f' (sample {k + 1})'}:")
+        for s, text in enumerate(p.sentences):
+            step = (p.explanations or [None] * len(p.sentences))[s]
             if explain and step:
                 lines.append(f"  step {s + 1}: {text}  (p={probability_text(step['probability'])})")
                 lines += explain_lines(step, lambda source: describe_slice(source, caption_time))
             else:
                 lines.append(f"  step {s + 1}: {text}")
-    lines.append(f"out-of-vocabulary rate: {r['oov']['rate']:.1%}")
-    lines += [f"warning: {w}" for w in r["warnings"]]
-    lines.append("timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in r["timings_s"].items()))
+    lines.append(f"out-of-vocabulary rate: {r.oov.rate:.1%}")
+    lines += [f"warning: {w}" for w in r.warnings]
+    lines.append("timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in r.timings_s.items()))
     lines.append(f"wrote {result.run_dir}/ (rollout.json, storyboard.png, rollout.mp4, rollout.gif)")
     return "\n".join(lines)
 
@@ -316,25 +324,17 @@ def quiet_libraries() -> None:
     logging.getLogger("encoders").setLevel(logging.ERROR)
 
 
-def parse_args(
-    argv: list[str] | None,
-) -> tuple[argparse.Namespace, ModelChoice, FrameSampling, GenerationConfig, OutputConfig]:
-    """The command's flags: the fields of the four settings dataclasses, and the clip, --steps, --verbose, --debug.
-    A bad setting raises ValueError (the dataclasses check themselves)."""
-    parser = SettingsParser(
-        (ModelChoice, FrameSampling, GenerationConfig, OutputConfig),
-        prog="python -m pipeline.rollout",
-        description=__doc__.split("\n\n")[0] + f" Presets: {', '.join(available_presets())}.",
-    )
+@dataclass
+class RolloutSteps:
+    """How far the command's rollout predicts (`run_rollout`'s `steps`)."""
+
+    steps: int = field(default=5, metadata={"help": f"predicted future states (default 5, at most {MAX_STEPS})"})
+
+
+def add_clip_and_switches(parser: SettingsParser) -> None:
+    """The command's arguments beside its settings: the clip, --verbose, --debug and --explain."""
     parser.add_argument("video", type=Path, help="the clip to read")
-    parser.add_argument(
-        "--steps", type=int, default=5, help=f"predicted future states (default 5, at most {MAX_STEPS})"
-    )
-    parser.add_argument(
-        "--verbose",
-        action="store_true",
-        help="libraries' loading bars and warnings on stderr; an error shows its traceback",
-    )
+    add_verbose(parser, "libraries' loading bars and warnings on stderr; an error shows its traceback")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error (as --verbose does)")
     parser.add_argument(
         "--explain",
@@ -342,25 +342,36 @@ def parse_args(
         help="print under each predicted step its probability, the likeliest alternatives and the caption it drew on "
         "most (rollout.json holds them either way)",
     )
-    models, frames, generation, output, rest = parser.parse(argv, usage_on_bad_setting=False)
-    return rest, models, frames, generation, output
 
 
 def main(argv: list[str] | None = None) -> int:
     """The command: exit 0 with the summary on stdout, 2 with one `error:` line for bad input or settings, 1 for an
     internal failure, 128 + n on signal n (`world_model.utils.cli.run_command`)."""
-    try:
-        args, models, frames, generation, output = parse_args(argv)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return settings_main(
+        (ModelChoice, FrameSampling, GenerationConfig, OutputConfig, RolloutSteps),
+        "pipeline.rollout",
+        __doc__.split("\n\n")[0] + f" Presets: {', '.join(available_presets())}.",
+        rollout_command,
+        argv,
+        arguments=add_clip_and_switches,
+        usage_on_bad_setting=False,
+        on_interrupt="nothing was written",
+    )
+
+
+def rollout_command(
+    models: ModelChoice,
+    frames: FrameSampling,
+    generation: GenerationConfig,
+    output: OutputConfig,
+    horizon: RolloutSteps,
+    args: argparse.Namespace,
+    command: str,
+) -> None:
+    """The command's work: the libraries quiet unless --verbose, one rollout of the clip, its summary."""
     if not args.verbose:
         quiet_libraries()
-
-    def work() -> None:
-        print(summary(run_rollout(args.video, args.steps, models, frames, generation, output), args.explain))
-
-    return run_command(work, verbose=args.verbose or args.debug, on_interrupt="nothing was written")
+    print(summary(run_rollout(args.video, horizon.steps, models, frames, generation, output), args.explain))
 
 
 if __name__ == "__main__":

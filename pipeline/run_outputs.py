@@ -1,46 +1,45 @@
-"""What a rollout writes into its run folder: the frames as PNG, rollout.json, the storyboard, the MP4 and the GIF."""
+"""What a rollout writes into its run folder: the frames as PNG, rollout.json (`pipeline.record.RolloutRecord`, filled
+from the run's parts here), the storyboard, the MP4 and the GIF."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 from encoders.frames import SampledClip
+from encoders.grounding import Grounding
 from pipeline.config import OutputConfig, Plan
+from pipeline.record import ObservedFrame, RolloutRecord, Sampling, State
 from renderers.outputs import write_storyboard
 from world_model.models.generation_config import GenerationConfig
+from world_model.text.windows import CaptionState
 from world_model.utils.video import write_gif, write_video
 
-
-def write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+OBSERVED = "observed/{:03d}.png"  # the i-th sampled frame
+RENDERED = "rendered/sample{}_step{:02d}.png"  # sample k (from 0), step s (from 1)
 
 
 def write_outputs(
     folder: Path,
-    record: dict,
+    record: RolloutRecord,
     observed: list[np.ndarray],
     rendered: list[list[np.ndarray]],
-    captions: list[str],
     fps: float,
 ) -> None:
     """Frames as PNG, the storyboard, and the video (observed frames, then the first sample's future)."""
-    for entry, image in zip(record["observed"], observed):
-        save_png(folder / entry["image"], image)
-    for prediction, images in zip(record["predictions"], rendered):
-        for name, image in zip(prediction["images"], images):
+    for entry, image in zip(record.observed, observed):
+        save_png(folder / entry.image, image)
+    for prediction, images in zip(record.predictions, rendered):
+        for name, image in zip(prediction.images, images):
             save_png(folder / name, image)
-    first = record["predictions"][0]
-    observed_cells = [
-        (img, f"t={e['timestamp_s']:.1f}s: {e['caption']}") for img, e in zip(observed, record["observed"])
-    ]
+    observed_cells = [(img, f"t={e.timestamp_s:.1f}s: {e.caption}") for img, e in zip(observed, record.observed)]
     predicted_cells = [
-        (img, f"step {s + 1}: {text}") for s, (img, text) in enumerate(zip(rendered[0], first["sentences"]))
+        (img, f"step {s + 1}: {text}")
+        for s, (img, text) in enumerate(zip(rendered[0], record.predictions[0].sentences))
     ]
-    write_storyboard(observed_cells, predicted_cells, folder / "storyboard.png", title=Path(record["video"]).name)
+    write_storyboard(observed_cells, predicted_cells, folder / "storyboard.png", title=Path(record.video).name)
     size = observed[0].shape[:2]
     frames = [fit(img, size) for img in observed + rendered[0]]
     write_video(frames, folder / "rollout.mp4", fps=fps)
@@ -84,85 +83,42 @@ def window_warnings(window) -> list[str]:
     return warnings
 
 
-def rollout_record(
-    video: Path,
-    clip: SampledClip,
-    plan: Plan,
-    steps: int,
-    generation: GenerationConfig,
-    output: OutputConfig,
-    readout: str,
-    captions,
-    groundings,
-    verdict,
-    states,
-    window,
-    predictions,
-) -> dict:
-    """rollout.json: the clip, the models, the settings, every observed frame, the states (runs of repeated
-    captions merged, with their time span), the window and the predictions."""
-    info, f = clip.info, plan.frames
-    return {
-        "video": str(video),
-        "clip": {
-            "fps": info.fps,
-            "duration_s": info.duration,
-            "width": info.width,
-            "height": info.height,
-            "rotation": info.rotation,
-        },
-        "preset": plan.preset.name,
-        "preset_reason": plan.reason,
-        "models": {
-            "captioner": plan.preset.captioner,
-            "renderer": plan.preset.renderer,
-            "predictor": plan.preset.predictor,
-            "device": plan.device,
-        },
-        "sampling": {
-            "interval_s": f.seconds,
-            "num_frames": f.num_frames,
-            "max_frames": f.max_frames,
-            "frames_per_state": f.frames_per_state,
-            "merge_repeats": f.merge_repeats,
-            "steps": steps,
-            "temperature": generation.temperature,
-            "top_k": generation.top_k,
-            "seed": generation.seed,
-            "precision": generation.precision,
-            "readout": readout,
-            "samples": len(predictions),
-            "init_from_last_frame": output.init_from_last_frame,
-        },
-        "observed": [
-            {
-                "timestamp_s": round(fr.timestamp, 3),
-                "frame_index": fr.index,
-                "caption": text,
-                "grounding": g.as_dict() if g else None,
-                "image": f"observed/{i:03d}.png",
-            }
-            for i, (fr, text, g) in enumerate(zip(clip, captions, groundings))
-        ],
-        "grounding": verdict,
-        "states": [
-            {
-                "sentence": state.sentence,
-                "observed": [state.first, state.last],
-                "start_s": round(clip[state.first].timestamp, 3),
-                "end_s": round(clip[state.last].timestamp, 3),
-            }
-            for state in states
-        ],
-        "window": {"states": window.states, "token_ids": window.token_ids[0].tolist()},
-        "oov": {
-            "tokens": window.tokens,
-            "unknown": window.unknown,
-            "rate": round(window.oov_rate, 4),
-            "unknown_words": window.unknown_words,
-        },
-        "predictions": [
-            {**q, "images": [f"rendered/sample{k}_step{s + 1:02d}.png" for s in range(steps)]}
-            for k, q in enumerate(predictions)
-        ],
-    }
+def observed_frames(clip: SampledClip, captions: list[str], groundings: list) -> list[ObservedFrame]:
+    """Every sampled frame with its caption and grounding (None when unscored; rounded as `Grounding.as_dict`
+    rounds), its image under observed/."""
+    return [
+        ObservedFrame(
+            round(fr.timestamp, 3), fr.index, text, Grounding(**g.as_dict()) if g else None, OBSERVED.format(i)
+        )
+        for i, (fr, text, g) in enumerate(zip(clip, captions, groundings))
+    ]
+
+
+def state_spans(states: list[CaptionState], clip: SampledClip) -> list[State]:
+    """The clip's states with the observed frames they cover and the time span of those frames."""
+    return [
+        State(s.sentence, [s.first, s.last], round(clip[s.first].timestamp, 3), round(clip[s.last].timestamp, 3))
+        for s in states
+    ]
+
+
+def sampling_record(
+    plan: Plan, steps: int, generation: GenerationConfig, readout: str, output: OutputConfig
+) -> Sampling:
+    """The run's settings as used; `samples` is the futures drawn (one when greedy)."""
+    f = plan.frames
+    return Sampling(
+        interval_s=f.seconds,
+        num_frames=f.num_frames,
+        max_frames=f.max_frames,
+        frames_per_state=f.frames_per_state,
+        merge_repeats=f.merge_repeats,
+        steps=steps,
+        temperature=generation.temperature,
+        top_k=generation.top_k,
+        seed=generation.seed,
+        precision=generation.precision,
+        readout=readout,
+        samples=generation.futures,
+        init_from_last_frame=output.init_from_last_frame,
+    )

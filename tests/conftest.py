@@ -1,8 +1,14 @@
-"""Test-wide settings: no test reaches a model hub (none is reachable here, and a retry loop costs minutes)."""
+"""Test-wide settings: no test reaches a model hub (none is reachable here, and a retry loop costs minutes) or writes
+into the user's cache folder."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# what the commands cache for the user (evaluate's floors) goes to a folder of this run, not the user's ~/.cache
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="test-cache-")
 
 
 import signal
@@ -11,6 +17,8 @@ import pytest
 import yaml
 
 from pipeline import presets
+
+atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
 
 # A shell that starts the suite in the background (no job control, or nohup) leaves SIGINT (or SIGHUP) ignored, and
 # the commands rightly keep an ignored stop signal ignored; the signal tests need them live, in this process and in

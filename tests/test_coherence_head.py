@@ -9,7 +9,7 @@ import torch
 from tests.test_sentence_bank import STORY, VOCAB, N, ids
 from tests.test_train import make_data
 from world_model.data.rocstories import build_vocabulary, encode_windows, load_corpus
-from world_model.evaluation.evaluate import WITH_HEAD, evaluate_checkpoint
+from world_model.evaluation.evaluate import WITH_HEAD, EvaluateSettings, evaluate_checkpoint
 from world_model.generation.bank_file import SentenceBank, save_bank
 from world_model.generation.predict import SHIPPED_CHECKPOINT
 from world_model.generation.readouts import resolve_readout
@@ -197,7 +197,7 @@ def test_evaluate_reports_the_model_with_its_folders_head(predictor, tmp_path):
     model = FourTensorModel.from_pretrained(folder)
     head = CoherenceHead(CoherenceHeadConfig(vocab_size=model.config.vocab_size, d_state=2 * model.config.d))
     save_coherence_head(head, tmp_path / "ckpt")
-    result = evaluate_checkpoint(tmp_path / "ckpt", data, device="cpu")
+    result = evaluate_checkpoint(EvaluateSettings(checkpoint=tmp_path / "ckpt", data=data, device="cpu"))
     row = result["coherence"][WITH_HEAD]
     assert row["model_weight"] == 0.0 and row["retrieval"]["candidates"] == 11
     assert result["coherence"]["model"]["rule"] in ("summed", "per_token", "ratio_summed", "ratio_per_token")

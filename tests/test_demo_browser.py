@@ -23,9 +23,11 @@ from apps.demo.app import build_demo, launch_demo
 from apps.demo.checks import EMPTY_MESSAGE, READY_MESSAGE, format_duration, on_check, on_upload
 from apps.demo.config import DemoConfig
 from apps.demo.run import handle_run
+from encoders.grounding import Grounding
 from pipeline.rollout import RolloutError
 from pipeline.tiny_pack import make_tiny_blip, make_tiny_sd
 from tests.model_factories import write_test_clip
+from tests.test_record import make_record
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.four_tensor_config import FourTensorConfig
 from world_model.text.vocab import Vocabulary
@@ -176,34 +178,11 @@ def test_seeds_outside_the_generator_range_are_refused(clip, no_rollout, seed):
 
 def flagged_record(flags):
     """A rollout.json record whose frames are in (True) or outside (False) the captioner's world."""
-    observed = [
-        {
-            "timestamp_s": float(t),
-            "caption": "the large green ball bounces off the floor " * 3,
-            "image": "x.png",
-            "grounding": {
-                "kind": "feature_distance",
-                "score": 30.0 if not f else 3.0,
-                "threshold": 15.6,
-                "grounded": f,
-            },
-        }
-        for t, f in enumerate(flags)
-    ]
-    return {
-        "observed": observed,
-        "models": {"captioner": "/somewhere/offline_pack/captioner"},
-        "grounding": {
-            "verdict": "outside" if flags.count(False) * 2 >= len(flags) else "partly outside",
-            "frames": len(flags),
-            "flagged": flags.count(False),
-        },
-        "predictions": [{"sentences": ["a ball falls down ."], "images": ["y.png"]}],
-        "preset": "offline",
-        "preset_reason": "asked",
-        "oov": {"rate": 0.0},
-        "warnings": [],
-    }
+    return make_record(
+        ["the large green ball bounces off the floor " * 3] * len(flags),
+        [["a ball falls down ."]],
+        [Grounding("feature_distance", 3.0 if f else 30.0, 15.6, f) for f in flags],
+    )
 
 
 def test_outputs_show_the_banner_the_full_captions_and_the_queue_wait(tmp_path):

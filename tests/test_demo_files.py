@@ -77,18 +77,12 @@ def test_a_hub_preset_that_cannot_load_is_explained_in_the_pages_words():
 def test_samples_that_coincide_are_said_to(tmp_path):
     from apps.demo import run
     from pipeline.rollout import RolloutResult
+    from tests.test_record import make_record
 
-    record = {
-        "observed": [{"timestamp_s": 0.0, "caption": "a ball falls.", "image": "x.png"}],
-        "predictions": [{"sentences": [s], "images": ["y.png"]} for s in ("a ball rolls.", "a ball rolls.", "a ball.")],
-        "preset": "offline",
-        "preset_reason": "asked",
-        "oov": {"rate": 0.0},
-        "warnings": [],
-    }
+    record = make_record(["a ball falls."], [["a ball rolls."], ["a ball rolls."], ["a ball."]])
     status = run.outputs(RolloutResult(tmp_path, record, [], []), tmp_path / "run.zip", "req", 1.0, 3, 0.8)[5]
     assert "The 3 samples give 2 different future(s): at temperature 0.8" in status
-    record["predictions"][1]["sentences"] = ["a ball stops."]
+    record.predictions[1].sentences = ["a ball stops."]
     status = run.outputs(RolloutResult(tmp_path, record, [], []), tmp_path / "run.zip", "req", 1.0, 3, 0.8)[5]
     assert "different future" not in status
 

@@ -180,18 +180,24 @@ def test_missing_pieces_and_bad_settings_are_refused_before_any_work(world, tmp_
     shutil.rmtree(partial / "baseline")
     (partial / "renderer" / "model_index.json").unlink()
     with pytest.raises(ew.EvaluationError, match=r"missing: renderer .*no model_index.json.*; baseline .*no folder"):
-        ew.evaluate_world(partial, split, 3, tmp_path / "out")
+        ew.evaluate_world(ew.WorldEvaluation(pack=partial, data=split, episodes=3, out=tmp_path / "out"))
     with pytest.raises(ew.EvaluationError, match="holds 3 episodes, fewer than --episodes 4"):
-        ew.evaluate_world(pack, split, 4, tmp_path / "out")
+        ew.evaluate_world(ew.WorldEvaluation(pack=pack, data=split, episodes=4, out=tmp_path / "out"))
     with pytest.raises(ew.EvaluationError, match="fewer than observe \\+ steps = 6"):
-        ew.evaluate_world(pack, split, 3, tmp_path / "out", observe=3, steps=3)
+        ew.evaluate_world(
+            ew.WorldEvaluation(pack=pack, data=split, episodes=3, out=tmp_path / "out", observe=3, steps=3)
+        )
     with pytest.raises(ew.EvaluationError, match="pass its split folder"):
-        ew.evaluate_world(pack, split.parent, 3, tmp_path / "out")
+        ew.evaluate_world(ew.WorldEvaluation(pack=pack, data=split.parent, episodes=3, out=tmp_path / "out"))
     missing_clip = tmp_path / "data"
     shutil.copytree(split, missing_clip)
     (missing_clip / "episode_00001.mp4").unlink()
     with pytest.raises(ew.EvaluationError, match="1 clip.* missing"):
-        ew.evaluate_world(pack, missing_clip, 3, tmp_path / "out", observe=OBSERVE, steps=STEPS)
+        ew.evaluate_world(
+            ew.WorldEvaluation(
+                pack=pack, data=missing_clip, episodes=3, out=tmp_path / "out", observe=OBSERVE, steps=STEPS
+            )
+        )
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "keep.txt").write_text("mine")

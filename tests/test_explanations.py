@@ -14,7 +14,7 @@ from world_model.models.decoding import slot_log_likelihood, write_known_sentenc
 from world_model.models.explanations import LastSliceProbe, slice_mass
 from world_model.models.four_tensor import FourTensorModel
 from world_model.models.four_tensor_config import FourTensorConfig
-from world_model.models.generation_config import GenerationConfig
+from world_model.models.generation_config import GenerationConfig, draw_probability, sample_ids
 from world_model.text.vocab import PAD_ID, Vocabulary
 
 WORDS = [
@@ -164,6 +164,39 @@ def test_bank_readout_probability_is_the_softmax_of_its_ranking_scores(vocab, wi
     torch.testing.assert_close(seen[0].slice_mass.sum(1), torch.ones(1))
 
 
+def test_draw_probability_is_the_frequency_of_the_draw():
+    logits = torch.tensor([2.0, 1.0, 0.5, -1.0])
+    draws = sample_ids(logits.expand(40000, 4), 0.7, 3, torch.Generator().manual_seed(0))
+    frequency = torch.bincount(draws, minlength=4).double() / len(draws)
+    drawn = draw_probability(logits.expand(4, 4), torch.arange(4), 0.7, 3)
+    torch.testing.assert_close(drawn.double(), frequency, atol=0.01, rtol=0)
+    assert drawn[3] == 0, "outside the top k: never drawn"
+
+
+def test_sampled_steps_report_the_probability_they_were_drawn_with(vocab, windows):
+    """At temperature 1 without top_k a closed-set draw has the readout's own probability; at another temperature a
+    different one; greedy steps report none. The tokens readout's draw is the product over its content slots."""
+    model = tiny_model(vocab)
+    known = vocab.encode_batch(WORDS, N)
+    bank = SentenceBank.encode(WORDS, [], vocab, N)
+    for temperature in (1.0, 0.5):
+        generation = GenerationConfig(temperature=temperature, end_ids=vocab.end_ids)
+        closed, banked, free = [], [], []
+        model.rollout(windows, 1, generation, torch.Generator().manual_seed(0), known, explanations=closed)
+        bank_rollout(model, windows[:1], 1, bank, generation=generation, explanations=banked)
+        states = model.rollout(windows, 1, generation, torch.Generator().manual_seed(0), explanations=free)[:, 0]
+        for step in (closed[0], banked[0]):
+            same = torch.isclose(step.draw_probability, step.probability)
+            assert bool(same.all()) == (temperature == 1.0), (temperature, step.draw_probability, step.probability)
+        with torch.no_grad():
+            log_probs = model.readout_logits(model.last_slice_logits(windows)).log_softmax(-1)
+        slots = (log_probs / temperature).log_softmax(-1).gather(-1, states[..., None])[..., 0]
+        torch.testing.assert_close(free[0].draw_probability, slots.masked_fill(states == PAD_ID, 0).sum(1).exp())
+    greedy = []
+    model.rollout(windows, 1, candidates=known, explanations=greedy)
+    assert greedy[0].draw_probability is None
+
+
 def test_window_sources_name_captions_and_earlier_predictions(vocab):
     states = ["", "a ball falls down .", "the ball bounces off the floor ."]
     assert window_sources(states, captions=2) == [
@@ -287,3 +320,16 @@ def test_demo_cells_mark_copied_words_and_escape_model_text():
     }
     bars = attention_cell(step, [ObservedFrame(2.0, 20, "x", None, "observed/000.png")])
     assert bars.count("<meter") == 2 and "t=2.0s" in bars and 'value="0.7500"' in bars
+
+
+def test_demo_table_shows_the_draw_probability_of_sampled_steps_only():
+    from apps.demo.explain_view import predicted_rows
+    from pipeline.record import Prediction
+
+    step = {"probability": 0.5, "alternatives": [], "attention": None, "drew_on": None, "copy": None}
+    greedy = predicted_rows(Prediction(["a ball falls down."], [[1]], [step], ["x.png"]), [])
+    sampled = predicted_rows(
+        Prediction(["a ball falls down."], [[1]], [{**step, "draw_probability": 0.23}], ["x.png"]), []
+    )
+    assert "p-drawn" not in greedy[0]
+    assert '<span class="p-chosen">0.500</span><br><span class="p-drawn">drawn 0.230</span>' in sampled[0]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.pack.evaluate_world import evaluate_world
+from pipeline.pack.evaluate_world import WorldEvaluation, evaluate_world
 from pipeline.presets import load_preset, missing_offline_models
 from tests.model_factories import one_torch_thread
 from world_model.data.synthetic.generator import generate
@@ -39,9 +39,10 @@ def results(tmp_path_factory):
     root = tmp_path_factory.mktemp("pack_eval")
     generate(EPISODES, seed=0, out_dir=root, split="heldout", scenes=FIRST_SCENE_TYPES, seconds=SECONDS)
     with one_torch_thread():
-        return evaluate_world(
-            "offline_pack", root / "heldout", EPISODES, root / "eval", storyboard_episodes=1, progress=False
+        settings = WorldEvaluation(
+            data=root / "heldout", episodes=EPISODES, out=root / "eval", storyboard_episodes=1, progress=False
         )
+        return evaluate_world(settings)
 
 
 def test_the_captioner_reads_held_out_strips(results):

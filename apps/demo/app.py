@@ -22,21 +22,20 @@ from apps.demo.checks import (
     on_check,
     on_upload,
 )
-from apps.demo.config import CACHE_PREFIX, COMPONENTS, CUSTOM, MAX_STEPS, RUN_MAX_AGE_S, DemoConfig
+from apps.demo.config import CACHE_PREFIX, COMPONENTS, CUSTOM, DEMO_MAX_STEPS, RUN_MAX_AGE_S, DemoConfig
 from apps.demo.quiet_inputs import quiet
 from apps.demo.run import handle_run, remove_unfinished
 from pipeline.presets import PresetError, choose_preset
 from world_model.utils.cli import (
     Interrupted,
-    SettingsParser,
     UsageError,
     check_device,
     check_writable,
     handled_signals,
     one_line,
     raise_interrupted,
-    run_command,
 )
+from world_model.utils.flags import SettingsParser, settings_main
 
 
 def own_gradio_cache(config: DemoConfig) -> Path:
@@ -85,7 +84,7 @@ def request_controls(config: DemoConfig, choices: list[str], preset: str) -> tup
         gr.Examples([[str(p)] for p in examples], inputs=[clip], label="Bundled examples")
     inputs = {
         "clip": clip,
-        "steps": gr.Slider(1, MAX_STEPS, value=config.steps, step=1, label="Predicted steps", elem_id="steps"),
+        "steps": gr.Slider(1, DEMO_MAX_STEPS, value=config.steps, step=1, label="Predicted steps", elem_id="steps"),
         "interval": gr.Slider(
             0.25,
             10,
@@ -219,24 +218,30 @@ def allowed_paths(config: DemoConfig) -> list[str]:
     return allowed
 
 
-def parse_args(argv: list[str] | None) -> DemoConfig:
-    """The settings of the command line; a ValueError for a value out of range."""
-    parser = SettingsParser(DemoConfig, prog="python -m apps.demo", description=demo_package.__doc__.split("\n\n")[0])
-    (config,) = parser.parse(argv, usage_on_bad_setting=False)
-    return config
-
-
 def main(argv: list[str] | None = None) -> int:
     """Serve the demo until a stop signal; exit 2 with one `error:` line for bad settings, 128 + n on signal n (the
     folders of requests still running are removed)."""
-    try:
-        config = parse_args(argv)
-    except ValueError as err:  # a setting out of range (the dataclass checks itself)
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return settings_main(
+        DemoConfig,
+        "apps.demo",
+        demo_package.__doc__.split("\n\n")[0],
+        lambda config, args, command: serve_logged(config),
+        argv,
+        arguments=no_other_arguments,
+        usage_on_bad_setting=False,
+        on_interrupt="server stopped",
+    )
+
+
+def no_other_arguments(parser: SettingsParser) -> None:
+    """The demo's flags are its settings alone: it has no --verbose."""
+
+
+def serve_logged(config: DemoConfig) -> None:
+    """`serve`, its log lines on stderr and Gradio's analytics off unless the environment turns them on."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    return run_command(lambda: serve(config), on_interrupt="server stopped")
+    serve(config)
 
 
 def check_model_folders(config: DemoConfig) -> None:

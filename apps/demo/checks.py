@@ -8,7 +8,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from apps.demo.config import MAX_STEPS, DemoConfig
+from apps.demo.config import DEMO_MAX_STEPS, DemoConfig
 from encoders.frames import VideoError, VideoInfo, probe_video
 from world_model.models.generation_config import MAX_SEED
 
@@ -99,9 +99,9 @@ def check_steps(steps) -> int:
     try:
         steps_int = int(steps)
     except (TypeError, ValueError):
-        raise fail(f"Steps must be a whole number from 1 to {MAX_STEPS}; got {steps!r}.") from None
-    if steps_int != steps or not 1 <= steps_int <= MAX_STEPS:
-        raise fail(f"Steps must be a whole number from 1 to {MAX_STEPS}; got {steps}.")
+        raise fail(f"Steps must be a whole number from 1 to {DEMO_MAX_STEPS}; got {steps!r}.") from None
+    if steps_int != steps or not 1 <= steps_int <= DEMO_MAX_STEPS:
+        raise fail(f"Steps must be a whole number from 1 to {DEMO_MAX_STEPS}; got {steps}.")
     return steps_int
 
 

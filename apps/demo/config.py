@@ -1,4 +1,4 @@
-"""The demo's settings: one dataclass, filled from the command line (`transformers.HfArgumentParser`) or by a caller."""
+"""The demo's settings: one dataclass, filled from the command line (`world_model.utils.flags.SettingsParser`) or by a caller."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.presets import COMPONENTS, PROJECT_ROOT, available_presets
+from world_model.generation.predict import MAX_STEPS
 from world_model.utils.cli import check_range
 
-MAX_STEPS = 10  # the demo's own cap, below the rollout's MAX_STEPS: a shared server's request stays short
+DEMO_MAX_STEPS = min(10, MAX_STEPS)  # the demo's own cap, within the rollout's: a shared server's request stays short
 MAX_FILE_MB = 200.0  # uploads larger than this are refused (by Gradio before the upload, and by us after)
 MAX_MINUTES = 10.0  # clips longer than this are refused before any model work
 RUN_MAX_AGE_S = 2 * 3600  # request folders older than this are deleted when a new request starts
@@ -52,7 +53,7 @@ class DemoConfig:
         default=None, metadata={"help": f"folder for the per-request run folders (default {default_temp_root()})"}
     )
     examples_dir: Path = field(default=EXAMPLES_DIR, metadata={"help": "folder of example clips (*.mp4)"})
-    steps: int = field(default=3, metadata={"help": f"initial predicted steps (1 to {MAX_STEPS}, default 3)"})
+    steps: int = field(default=3, metadata={"help": f"initial predicted steps (1 to {DEMO_MAX_STEPS}, default 3)"})
     interval: float = field(default=1.0, metadata={"help": "initial sampling interval in seconds (default 1)"})
     seed: int = field(default=0, metadata={"help": "initial seed (default 0)"})
     threads: int | None = field(
@@ -66,8 +67,8 @@ class DemoConfig:
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError(f"--concurrency must be at least 1, got {self.concurrency}")
-        if not 1 <= self.steps <= MAX_STEPS:
-            raise ValueError(f"--steps must be between 1 and {MAX_STEPS}, got {self.steps}")
+        if not 1 <= self.steps <= DEMO_MAX_STEPS:
+            raise ValueError(f"--steps must be between 1 and {DEMO_MAX_STEPS}, got {self.steps}")
         if not 1 <= self.port <= 65535:
             raise ValueError(f"--port must be between 1 and 65535, got {self.port}")
         for flag, value in (("--queue-size", self.queue_size), ("--max-frames", self.max_frames)):

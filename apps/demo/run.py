@@ -16,6 +16,7 @@ from apps.demo.explain_view import HEADER, LEGEND, predicted_rows
 from encoders.frames import VideoError
 from pipeline.config import FrameSampling, ModelChoice
 from pipeline.presets import PresetError
+from pipeline.record import RolloutRecord
 from pipeline.rollout import RolloutError, RolloutResult, run_rollout
 from world_model.models.checkpoint import CheckpointError
 from world_model.models.generation_config import GenerationConfig
@@ -142,16 +143,16 @@ def handle_run(
     return outputs(result, archive, request.name, time.time() - started, int(samples), float(temperature or 0), waited)
 
 
-def unknown_banner(record: dict) -> str:
+def unknown_banner(record: RolloutRecord) -> str:
     """A banner when frames are outside the captioner's world (`encoders.grounding`), else ""."""
-    grounding = record.get("grounding") or {}
-    if not grounding.get("flagged"):
+    grounding = record.grounding
+    if not grounding.flagged:
         return ""
-    where = "This clip is" if grounding["verdict"] == "outside" else "Part of this clip is"
+    where = "This clip is" if grounding.verdict == "outside" else "Part of this clip is"
     return (
         f"## ⚠️ {where} outside the models' world\n"
-        f"{grounding['flagged']} of {grounding['frames']} frames look like nothing the captioner "
-        f"(`{md_escape(Path(record['models']['captioner']).name)}`) was trained on, so their captions, the "
+        f"{grounding.flagged} of {grounding.frames} frames look like nothing the captioner "
+        f"(`{md_escape(Path(record.models.captioner).name)}`) was trained on, so their captions, the "
         "predicted sentences and the rendered frames describe that world, not this clip. The offline pack knows "
         "only its synthetic ball, box and elevator; real footage needs the hub models."
     )
@@ -166,26 +167,26 @@ def outputs(
     temperature: float,
     waited: float = 0.0,
 ) -> tuple:
-    record, run_dir = result.record, result.run_dir
-    observed = [(str(run_dir / o["image"]), f"t={o['timestamp_s']:.1f}s: {o['caption']}") for o in record["observed"]]
-    predictions = record["predictions"]
+    record, run_dir = result.rollout, result.run_dir
+    observed = [(str(run_dir / o.image), f"t={o.timestamp_s:.1f}s: {o.caption}") for o in record.observed]
+    predictions = record.predictions
     several = len(predictions) > 1
     rendered = [
         (str(run_dir / image), f"{f'sample {k + 1}, ' if several else ''}step {s + 1}: {sentence}")
         for k, p in enumerate(predictions)
-        for s, (image, sentence) in enumerate(zip(p["images"], p["sentences"]))
+        for s, (image, sentence) in enumerate(zip(p.images, p.sentences))
     ]
     lines = ["### Captions", "", "| time | caption | in the captioner's world |", "|---:|---|:---:|"]
     lines += [
-        f"| {o['timestamp_s']:.1f} s | {md_escape(o['caption']) or '*(empty)*'} | "
-        f"{ {True: 'yes', False: '**no**', None: '?'}[(o.get('grounding') or {}).get('grounded')] } |"
-        for o in record["observed"]
+        f"| {o.timestamp_s:.1f} s | {md_escape(o.caption) or '*(empty)*'} | "
+        f"{ {True: 'yes', False: '**no**', None: '?'}[o.grounding.grounded if o.grounding else None] } |"
+        for o in record.observed
     ]
     lines += ["", "### Predicted sentences"]
     for k, p in enumerate(predictions):
         if several:
             lines.append(f"**Sample {k + 1}**")
-        lines += ["", *HEADER, *predicted_rows(p, record["observed"]), ""]
+        lines += ["", *HEADER, *predicted_rows(p, record.observed), ""]
     lines += [LEGEND, ""]
     took = (
         f"{waited + seconds:.1f} s ({waited:.1f} s waiting in the queue, {seconds:.1f} s running)"
@@ -193,22 +194,21 @@ def outputs(
         else f"{seconds:.1f} s"
     )
     status = [
-        f"**Done** in {took}: {len(record['observed'])} frames captioned, "
-        f"{len(predictions[0]['sentences'])} steps predicted.",
+        f"**Done** in {took}: {len(record.observed)} frames captioned, {len(predictions[0].sentences)} steps predicted.",
         "",
         f"- Run folder: `{request_id}/{run_dir.name}`",
-        f"- Preset: **{md_escape(record['preset'])}** ({md_escape(record['preset_reason'])})",
-        f"- Readout: {md_escape(record.get('sampling', {}).get('readout', 'unknown'))}",
-        f"- Caption words outside the predictor's vocabulary: {record['oov']['rate']:.0%}",
+        f"- Preset: **{md_escape(record.preset)}** ({md_escape(record.preset_reason)})",
+        f"- Readout: {md_escape(record.sampling.readout)}",
+        f"- Caption words outside the predictor's vocabulary: {record.oov.rate:.0%}",
     ]
     if samples > 1 and temperature <= 0:
         status.append("- Temperature 0 is greedy, so one sample was made; raise the temperature for alternatives.")
-    distinct = len({tuple(p["sentences"]) for p in predictions})
+    distinct = len({tuple(p.sentences) for p in predictions})
     if several and distinct < len(predictions):
         status.append(
             f"- The {len(predictions)} samples give {distinct} different future(s): at temperature {temperature:g} "
             "the predictor is sure enough to draw the same sentences again; raise the temperature for more variety."
         )
-    status += [f"- Warning: {md_escape(w)}" for w in record["warnings"]]
+    status += [f"- Warning: {md_escape(w)}" for w in record.warnings]
     video = str(run_dir / "rollout.mp4")
     return observed, "\n".join(lines), rendered, video, str(archive), "\n".join(status), unknown_banner(record)

@@ -35,53 +35,43 @@ import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while 
 # isort: split
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 
-from pipeline.pack.pack_folder import EvaluationError, read_heldout, resolve_pack
+from pipeline.pack.pack_folder import EvaluationError, WorldEvaluation, read_heldout, resolve_pack
 from pipeline.pack.world_loop import run_loop
 from pipeline.pack.world_report import markdown
 from pipeline.run_folder import run_folder
-from world_model.utils.cli import SettingsParser, add_verbose, command_line, run_command
 from world_model.utils.files import replace_dir
+from world_model.utils.flags import SettingsParser, add_verbose, settings_main
 from world_model.utils.hub import default_device
 
 
-def evaluate_world(
-    pack: str | Path,
-    data: str | Path,
-    episodes: int,
-    out_dir: str | Path,
-    observe: int = 3,
-    steps: int = 5,
-    seed: int = 0,
-    device: str | None = None,
-    storyboard_episodes: int = 4,
-    overwrite: bool = False,
-    command: str | None = None,
-    progress: bool = True,
-) -> dict:
-    """Run the full loop on the first ``episodes`` episodes of the split folder ``data`` with the models of
-    ``pack`` and write ``results.json``, ``results.md`` and ``storyboard.png`` to ``out_dir``.
+def evaluate_world(settings: WorldEvaluation, command: str | None = None) -> dict:
+    """Run the full loop on the first ``settings.episodes`` episodes of the split folder ``settings.data`` with the
+    models of ``settings.pack`` and write ``results.json``, ``results.md`` and ``storyboard.png`` to ``settings.out``;
+    ``command`` is recorded as the command that made them.
 
     Returns the content of results.json. Raises ``EvaluationError`` for a pack or data folder that lacks
     pieces or for bad settings, before any model work.
     """
-    if episodes < 1 or observe < 1 or steps < 1 or storyboard_episodes < 0:
+    s = settings
+    if s.episodes < 1 or s.observe < 1 or s.steps < 1 or s.storyboard_episodes < 0:
         raise EvaluationError(
-            f"need episodes, observe and steps >= 1 and storyboard episodes >= 0; got {episodes}, "
-            f"{observe}, {steps}, {storyboard_episodes}"
+            f"need episodes, observe and steps >= 1 and storyboard episodes >= 0; got {s.episodes}, "
+            f"{s.observe}, {s.steps}, {s.storyboard_episodes}"
         )
-    parts = resolve_pack(pack)
-    records, scenes = read_heldout(data, episodes, observe + steps)
-    device = str(default_device(device))
-    with run_folder(Path(out_dir), overwrite) as (out, staging):
-        scores = run_loop(parts, records, scenes, observe, steps, seed, device, storyboard_episodes, staging, progress)
+    parts = resolve_pack(s.pack)
+    records, scenes = read_heldout(s.data, s.episodes, s.observe + s.steps)
+    s = replace(s, device=str(default_device(s.device)))
+    with run_folder(Path(s.out), s.overwrite) as (out, staging):
+        scores = run_loop(parts, records, scenes, s, staging)
         results = {
-            "command": command or f"evaluate_world({str(pack)!r}, {str(data)!r}, {episodes}, ...)",
+            "command": command
+            or f"evaluate_world(pack={str(s.pack)!r}, data={str(s.data)!r}, episodes={s.episodes}, ...)",
             "pack": {"path": str(parts.root), "size_mb": parts.size_mb()},
             "data": {
-                "path": str(data),
+                "path": str(s.data),
                 "episodes": len(records),
                 "scene_types": scenes,
                 "scene_counts": {
@@ -89,10 +79,10 @@ def evaluate_world(
                 },
             },
             "settings": {
-                "observe": observe,
-                "steps": steps,
-                "seed": seed,
-                "device": device,
+                "observe": s.observe,
+                "steps": s.steps,
+                "seed": s.seed,
+                "device": s.device,
                 "captioner_options": parts.captioner_options,
                 "renderer_options": parts.renderer_options,
             },
@@ -104,48 +94,26 @@ def evaluate_world(
     return results
 
 
-@dataclass
-class WorldEvaluation:
-    """Which pack is evaluated on which held-out episodes, and where the report goes."""
-
-    data: Path = field(metadata={"help": "held-out split folder (with episodes.jsonl and clips)"})
-    episodes: int = field(metadata={"help": "evaluate the first N episodes"})
-    out: Path = field(metadata={"help": "output folder"})
-    pack: str = field(default="offline_pack", metadata={"help": "model pack folder (default offline_pack)"})
-    observe: int = field(default=3, metadata={"help": "observed seconds (default 3)"})
-    steps: int = field(default=5, metadata={"help": "predicted seconds (default 5)"})
-    seed: int = field(default=0, metadata={"help": "rendering seed (default 0)"})
-    device: str | None = field(default=None, metadata={"help": "torch device (default: cuda if available, else cpu)"})
-    storyboard_episodes: int = field(default=4, metadata={"help": "episodes drawn in storyboard.png (default 4)"})
-    overwrite: bool = field(default=False, metadata={"help": "replace an existing output folder"})
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = SettingsParser(
-        WorldEvaluation, prog="python -m pipeline.pack.evaluate_world", description=__doc__.split("\n\n")[0]
+    return settings_main(
+        WorldEvaluation,
+        "pipeline.pack.evaluate_world",
+        __doc__.split("\n\n")[0],
+        lambda settings, args, command: evaluate_command(settings, command),
+        argv,
+        arguments=add_debug_and_verbose,
     )
+
+
+def add_debug_and_verbose(parser: SettingsParser) -> None:
+    """The command's flags beside its settings: --debug and --verbose, which both show an error's traceback."""
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error (as --verbose does)")
     add_verbose(parser)
-    settings, args = parser.parse(argv)
-    command = command_line("pipeline.pack.evaluate_world", argv)
-    return run_command(lambda: evaluate_command(settings, command), verbose=args.verbose or args.debug)
 
 
 def evaluate_command(settings: WorldEvaluation, command: str) -> None:
     """The command's work: the full loop, then its headline figures."""
-    results = evaluate_world(
-        settings.pack,
-        settings.data,
-        settings.episodes,
-        settings.out,
-        settings.observe,
-        settings.steps,
-        settings.seed,
-        settings.device,
-        settings.storyboard_episodes,
-        settings.overwrite,
-        command,
-    )
+    results = evaluate_world(settings, command)
     loop = results["next_state"]["four_tensor"]["captions"]["accuracy"]
     print(
         f"caption accuracy {results['caption_accuracy']['overall']:.4f}; next-state accuracy (full loop) "

@@ -31,7 +31,7 @@ from encoders.frames import sample_frames
 from encoders.grounding import FeatureReference
 from encoders.world_dataset import read_states
 from world_model.data.synthetic.simulation import STATE_FRAMES
-from world_model.utils.cli import SettingsParser, add_verbose, run_command
+from world_model.utils.flags import SettingsParser, add_verbose, settings_main
 
 
 def strip_features(captioner: HFCaptioner, images: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,13 +115,20 @@ class GroundingSettings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = SettingsParser(
-        GroundingSettings, prog="python -m pipeline.pack.grounding", description=__doc__.split("\n\n")[0]
+    return settings_main(
+        GroundingSettings,
+        "pipeline.pack.grounding",
+        __doc__.split("\n\n")[0],
+        lambda settings, args, command: grounding_command(args.command, settings),
+        argv,
+        arguments=add_subcommand,
     )
+
+
+def add_subcommand(parser: SettingsParser) -> None:
+    """The command's arguments beside its settings: the subcommand (calibrate or measure) and --verbose."""
     parser.add_argument("command", choices=("calibrate", "measure"))
     add_verbose(parser)
-    settings, args = parser.parse(argv)
-    return run_command(lambda: grounding_command(args.command, settings), verbose=args.verbose)
 
 
 def grounding_command(command: str, settings: GroundingSettings) -> int:

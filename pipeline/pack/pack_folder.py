@@ -4,7 +4,7 @@ held-out synthetic episodes it is evaluated on."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.presets import load_preset, resolve_model_path
@@ -96,3 +96,20 @@ def read_heldout(data: str | Path, episodes: int, seconds: int) -> tuple[list[di
         else list(SCENE_TYPES)
     )
     return records, scenes
+
+
+@dataclass
+class WorldEvaluation:
+    """Which pack is evaluated on which held-out episodes, and where the report goes."""
+
+    data: Path = field(metadata={"help": "held-out split folder (with episodes.jsonl and clips)"})
+    episodes: int = field(metadata={"help": "evaluate the first N episodes"})
+    out: Path = field(metadata={"help": "output folder"})
+    pack: str = field(default="offline_pack", metadata={"help": "model pack folder (default offline_pack)"})
+    observe: int = field(default=3, metadata={"help": "observed seconds (default 3)"})
+    steps: int = field(default=5, metadata={"help": "predicted seconds (default 5)"})
+    seed: int = field(default=0, metadata={"help": "rendering seed (default 0)"})
+    device: str | None = field(default=None, metadata={"help": "torch device (default: cuda if available, else cpu)"})
+    storyboard_episodes: int = field(default=4, metadata={"help": "episodes drawn in storyboard.png (default 4)"})
+    overwrite: bool = field(default=False, metadata={"help": "replace an existing output folder"})
+    progress: bool = field(default=True, metadata={"flag": False})  # progress bars (off in tests)

@@ -27,7 +27,8 @@ from pipeline.presets import load_preset
 from renderers.pixel_pipeline import SOLVERS, set_solver
 from renderers.text_to_image import DiffusersRenderer
 from world_model.data.synthetic.scenes import scene_of
-from world_model.utils.cli import check_writable, settings_main
+from world_model.utils.cli import check_writable
+from world_model.utils.flags import settings_main
 
 PIPELINE_CLASS = "renderers.pixel_pipeline:PixelTextToImagePipeline"
 

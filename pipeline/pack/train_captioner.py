@@ -28,7 +28,6 @@ import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while 
 import dataclasses
 import sys
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -45,23 +44,16 @@ from transformers import (
     ViTConfig,
 )
 
-from encoders.captioner import HFCaptioner
 from encoders.world_dataset import StateSet, read_states
+from pipeline.pack.captioner_report import heldout_report
 from pipeline.pack.strip_images import augment, strip_image_processor, to_pixels, to_unit
 from world_model.data.synthetic.simulation import STRIP_SIZE
 from world_model.text.vocab import same_sentence
 from world_model.text.word_tokenizer import build_word_tokenizer
 from world_model.training.schedule import warmup_cosine
-from world_model.utils.cli import (
-    INPUT_ERRORS,
-    SettingsParser,
-    add_verbose,
-    check_positive,
-    check_range,
-    check_writable,
-    run_command,
-)
+from world_model.utils.cli import INPUT_ERRORS, check_positive, check_range, check_writable
 from world_model.utils.files import atomic_dir, write_json_atomic
+from world_model.utils.flags import settings_main
 
 BEST_DIR = "best"
 METRICS_FILE = "metrics.json"
@@ -215,26 +207,6 @@ def split_validation(states: StateSet, val_episodes: int) -> tuple[np.ndarray, n
     return np.flatnonzero(~is_val), np.flatnonzero(is_val)
 
 
-def heldout_report(folder: Path, states: StateSet, batch_size: int = 64, top: int = 15) -> dict:
-    """Caption ``states`` with the saved model through ``HFCaptioner`` (what the pipeline runs) and score
-    exact matches overall and per scene type; lists the ``top`` most common (sentence, caption) confusions."""
-    captioner = HFCaptioner.from_pretrained(folder, device="cpu", batch_size=batch_size)
-    captions = captioner(list(states.images), progress="held-out captions")
-    scenes = [states.records[e]["scene"] for e in states.episode]
-    hits = [same_sentence(c, s) for c, s in zip(captions, states.sentences)]
-    per_scene = {
-        scene: float(np.mean([h for h, s in zip(hits, scenes) if s == scene])) for scene in sorted(set(scenes))
-    }
-    confusions = Counter((s, c) for h, s, c in zip(hits, states.sentences, captions) if not h)
-    return {
-        "strips": len(states),
-        "exact_match": float(np.mean(hits)),
-        "per_scene": per_scene,
-        "strips_per_scene": dict(sorted(Counter(scenes).items())),
-        "confusions": [{"sentence": s, "caption": c, "count": n} for (s, c), n in confusions.most_common(top)],
-    }
-
-
 def train(data: Path, out: Path, config: TrainConfig, max_minutes: float | None = None, progress: bool = True) -> dict:
     """Train on ``data/train``, save the best checkpoint to ``out/best`` and score it on ``data/heldout``;
     returns (and writes to ``out/metrics.json``) the run's metrics."""
@@ -385,24 +357,21 @@ class CaptionerRun:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = SettingsParser(
+    return settings_main(
         (CaptionerRun, TrainConfig),  # one flag per setting, e.g. --batch-size
-        prog="python -m pipeline.pack.train_captioner",
-        description="Train the offline captioner on synthetic-world state strips.",
-    )
-    add_verbose(parser)
-    run, config, args = parser.parse(argv)
-    torch.set_num_threads(run.threads)
-
-    def work() -> None:
-        check_writable(run.out / "metrics.json")  # before the data is read and the training starts
-        train(run.data, run.out, config, max_minutes=run.max_minutes, progress=run.progress)
-
-    return run_command(
-        work,
-        verbose=args.verbose,
+        "pipeline.pack.train_captioner",
+        "Train the offline captioner on synthetic-world state strips.",
+        train_command,
+        argv,
         input_errors=(*INPUT_ERRORS, TrainingStopped),
     )
+
+
+def train_command(run: CaptionerRun, config: TrainConfig, command: str) -> None:
+    """The command's work: set the torch threads, check the output can be written, then train."""
+    torch.set_num_threads(run.threads)
+    check_writable(run.out / "metrics.json")  # before the data is read and the training starts
+    train(run.data, run.out, config, max_minutes=run.max_minutes, progress=run.progress)
 
 
 if __name__ == "__main__":

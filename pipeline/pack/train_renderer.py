@@ -29,7 +29,7 @@ import copy
 import signal
 import sys
 import time
-from argparse import Namespace, RawDescriptionHelpFormatter
+from argparse import RawDescriptionHelpFormatter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -46,8 +46,9 @@ from encoders.world_dataset import read_states
 from renderers.pixel_pipeline import PixelPipelineConfig, PixelTextToImagePipeline, build_pixel_pipeline, check_solver
 from world_model.data.synthetic.simulation import STATE_FRAMES
 from world_model.training.schedule import warmup_cosine
-from world_model.utils.cli import SettingsParser, add_verbose, check_positive, check_range, check_writable, run_command
+from world_model.utils.cli import check_positive, check_range, check_writable
 from world_model.utils.files import atomic_dir, write_json_atomic
+from world_model.utils.flags import settings_main
 
 PIPELINE_DIR = "pipeline"
 LOG_NAME = "train_log.json"
@@ -358,21 +359,15 @@ class RendererFiles:
     limit: int | None = field(default=None, metadata={"help": "use only the first N training episodes"})
 
 
-def parse_args(argv: Sequence[str] | None = None) -> tuple[RendererFiles, TrainConfig, PixelPipelineConfig, Namespace]:
-    """The command's settings (one flag per field, e.g. --batch-size) and its other flags (--verbose)."""
-    parser = SettingsParser(
-        (RendererFiles, TrainConfig, PixelPipelineConfig),
-        prog="python -m pipeline.pack.train_renderer",
-        description=__doc__,
+def main(argv: Sequence[str] | None = None) -> int:
+    return settings_main(
+        (RendererFiles, TrainConfig, PixelPipelineConfig),  # one flag per setting, e.g. --batch-size
+        "pipeline.pack.train_renderer",
+        __doc__,
+        lambda files, config, model_config, command: train_command(files, config, model_config),
+        argv,
         formatter_class=RawDescriptionHelpFormatter,
     )
-    add_verbose(parser)
-    return parser.parse(argv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    files, config, model_config, args = parse_args(argv)
-    return run_command(lambda: train_command(files, config, model_config), verbose=args.verbose)
 
 
 def train_command(files: RendererFiles, config: TrainConfig, model_config: PixelPipelineConfig) -> None:

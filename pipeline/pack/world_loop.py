@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 
 from encoders.captioner import HFCaptioner
 from encoders.world_dataset import episode_strips
-from pipeline.pack.pack_folder import EvaluationError, Pack
+from pipeline.pack.pack_folder import EvaluationError, Pack, WorldEvaluation
 from pipeline.pack.world_report import CONTEXTS, PREDICTORS, storyboard_rows, write_storyboard
 from renderers.text_to_image import DiffusersRenderer
 from world_model.data.synthetic.ceilings import k_step_ceilings
@@ -73,18 +73,15 @@ def run_loop(
     parts: Pack,
     records: list[dict],
     scenes: list[str],
-    observe: int,
-    steps: int,
-    seed: int,
-    device: str,
-    storyboard_episodes: int,
+    settings: WorldEvaluation,
     folder: Path,
-    progress: bool,
 ) -> dict:
-    """The model work of ``evaluate_world``; draws ``folder``/storyboard.png and returns the scores."""
+    """The model work of ``evaluate_world`` with its ``settings`` (observe, steps, seed, device, storyboard episodes,
+    progress); draws ``folder``/storyboard.png and returns the scores."""
+    observe, steps, seed, progress = settings.observe, settings.steps, settings.seed, settings.progress
     timings: dict[str, float] = {}
     with timed(timings, "load_models"):
-        captioner, renderer, models = load_pack(parts, device)
+        captioner, renderer, models = load_pack(parts, settings.device)
     strips, captions = caption_episodes(captioner, records, timings, progress)
     truths = [episode_sentences(r) for r in records]
     kinds = [r["scene"] for r in records]
@@ -108,7 +105,7 @@ def run_loop(
 
     loop = predictions["four_tensor"]["captions"]
     renders, recaptions, trip = round_trips(captioner, renderer, truths, loop, kinds, seed, timings, progress)
-    shown = storyboard_rows(records, storyboard_episodes)
+    shown = storyboard_rows(records, settings.storyboard_episodes)
     if shown:
         with timed(timings, "storyboard"):
             rows = [

@@ -46,7 +46,13 @@ FP32_BYTES = 4  # bytes of one cached number
 # ----- counting -----
 def attention_parameter_count(model: nn.Module) -> int:
     """Parameters of the Q/K/V (and output) maps of all attention layers (see the module docstring)."""
-    return sum(p.numel() for module in model.attention_modules() for p in module.parameters())
+    try:
+        modules = model.attention_modules()
+    except AttributeError:
+        raise TypeError(
+            f"no attention-parameter count for {type(model).__name__}; known: FourTensorModel, BaselineModel"
+        ) from None
+    return sum(p.numel() for module in modules for p in module.parameters())
 
 
 def config_attention_parameters(model_section: dict, vocab_size: int) -> int:

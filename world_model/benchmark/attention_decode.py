@@ -35,8 +35,9 @@ from world_model.benchmark.runs import DECODE_TIMING_JSON, RESULTS_JSON
 from world_model.models.checkpoint import WEIGHTS_NAME
 from world_model.models.registry import build_model, load_model
 from world_model.training.checkpoints import BEST_DIR
-from world_model.utils.cli import UsageError, settings_main
+from world_model.utils.cli import UsageError
 from world_model.utils.files import write_json_atomic
+from world_model.utils.flags import settings_main
 
 
 @dataclass

@@ -28,8 +28,8 @@ from world_model.evaluation import story_cloze as sc
 from world_model.evaluation.seed_stats import mean_interval, paired_difference
 from world_model.models.registry import load_predictor
 from world_model.training.coherence import train_coherence_heads
-from world_model.utils.cli import settings_main
 from world_model.utils.files import write_json_atomic
+from world_model.utils.flags import settings_main
 
 FIGURES = ("test", "val", "recall_at_1", "recall_at_10", "mrr")  # per scorer, in the report's column order
 

@@ -1,5 +1,5 @@
 """The settings of a benchmark command (`python -m world_model.benchmark`): one dataclass whose fields are the
-command's flags (`world_model.utils.cli.SettingsParser`) and the argument of `table5.run_benchmark`."""
+command's flags (`world_model.utils.flags.SettingsParser`) and the argument of `table5.run_benchmark`."""
 
 from __future__ import annotations
 

@@ -50,8 +50,9 @@ import yaml
 
 from world_model.models.four_tensor_config import FourTensorConfig
 from world_model.models.precision import PRECISIONS
-from world_model.utils.cli import SettingsParser, UsageError, add_verbose, check_writable, run_command
+from world_model.utils.cli import UsageError, check_writable
 from world_model.utils.files import repo_path, write_json_atomic
+from world_model.utils.flags import settings_main
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().with_name("speed_worker.py")
@@ -345,15 +346,14 @@ def measure(workers: dict[str, WorkerProcess], inputs: dict, settings: SpeedSett
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = SettingsParser(
+    return settings_main(
         SpeedSettings,
-        prog="python -m world_model.benchmark.speed",
-        description=__doc__,
+        "world_model.benchmark.speed",
+        __doc__,
+        lambda settings, command: time_checkouts(settings),
+        argv,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_verbose(parser)
-    settings, args = parser.parse(argv)
-    return run_command(lambda: time_checkouts(settings), verbose=args.verbose)
 
 
 def time_checkouts(settings: SpeedSettings) -> None:

@@ -29,8 +29,8 @@ from world_model.training import train as train_mod
 from world_model.training.batches import load_training_windows
 from world_model.training.checkpoints import SUMMARY_FILE
 from world_model.training.config import validate_config
-from world_model.utils.cli import SettingsParser, add_verbose, command_line, run_command
 from world_model.utils.files import write_json_atomic
+from world_model.utils.flags import settings_main
 
 
 def sweep_config(spec: dict, pair: str, model_type: str, lr: float, holdout: int, max_epochs: int, seed: int) -> dict:
@@ -172,15 +172,12 @@ def edge_note(results: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = SettingsParser(
-        SweepSettings, prog="python -m world_model.benchmark.sweep", description=__doc__.split("\n\n")[0]
-    )
-    add_verbose(parser)
-    settings, args = parser.parse(argv)
-    command = command_line("world_model.benchmark.sweep", argv)
-    return run_command(
-        lambda: print(markdown(run_sweep(settings, command))),
-        verbose=args.verbose,
+    return settings_main(
+        SweepSettings,
+        "world_model.benchmark.sweep",
+        __doc__.split("\n\n")[0],
+        lambda settings, command: print(markdown(run_sweep(settings, command))),
+        argv,
         on_interrupt="continue with the same command and --resume",
     )
 

@@ -102,7 +102,8 @@ from world_model.models.registry import model_vocab_size
 from world_model.text.vocab import Vocabulary
 from world_model.training import train as train_mod
 from world_model.training.checkpoints import SUMMARY_FILE
-from world_model.utils.cli import SettingsParser, add_verbose, check_writable, run_command
+from world_model.utils.cli import check_writable
+from world_model.utils.flags import settings_main
 
 
 def run_benchmark(settings: BenchmarkSettings, command: str | None = None) -> dict:
@@ -353,21 +354,22 @@ def finish(results: dict, runs: list[Run], n_pairs: int, out: Path, t_start: flo
 
 # ----- the command -----
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = SettingsParser(
+    return settings_main(
         BenchmarkSettings,
-        prog="python -m world_model.benchmark",
-        description="The paper's Table 5 benchmark: 4-tensor model vs flat baseline at matched settings.",
-    )
-    add_verbose(parser)
-    settings, args = parser.parse(argv)
-    argv_list = list(sys.argv[1:] if argv is None else argv)
-    launcher = "accelerate launch -m" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "python -m"
-    command = f"{launcher} world_model.benchmark " + shlex.join(argv_list)
-    return run_command(
-        lambda: run_benchmark(settings, command),
-        verbose=args.verbose,
+        "world_model.benchmark",
+        "The paper's Table 5 benchmark: 4-tensor model vs flat baseline at matched settings.",
+        benchmark_command,
+        argv,
         on_interrupt="continue with the same command and --resume",
     )
+
+
+def benchmark_command(settings: BenchmarkSettings, command: str) -> dict:
+    """The command's work: `run_benchmark`, its record saying the command as launched (`accelerate launch -m`
+    when several processes run it)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        command = command.replace("python -m", "accelerate launch -m", 1)
+    return run_benchmark(settings, command)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ from typing import Iterator, Sequence
 import torch
 
 from world_model.text.vocab import PAD_ID, Vocabulary
-from world_model.utils.cli import SettingsParser, add_verbose, check_writable, run_command
+from world_model.utils.cli import check_writable
+from world_model.utils.flags import SettingsParser, add_verbose, settings_main
 
 logger = logging.getLogger(__name__)
 
@@ -274,20 +275,25 @@ class StatisticsSettings:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = SettingsParser(
+    return settings_main(
         StatisticsSettings,
-        prog="python -m world_model.data.rocstories",
-        description="ROCStories corpus statistics (paper, section 8.1).",
+        "world_model.data.rocstories",
+        "ROCStories corpus statistics (paper, section 8.1).",
+        lambda settings, args, command: statistics_command(args.data_dir, settings.json),
+        argv,
+        arguments=add_data_dir,
     )
+
+
+def add_data_dir(parser: SettingsParser) -> None:
+    """The command's arguments beside its settings: the corpus folder and --verbose."""
     parser.add_argument("data_dir", type=Path, help="folder with ROCStories*.csv and cloze_test_*.csv")
     add_verbose(parser)
-    settings, args = parser.parse(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    return run_command(lambda: statistics_command(args.data_dir, settings.json), verbose=args.verbose)
 
 
 def statistics_command(data_dir: Path, json_path: Path | None) -> None:
     """The command's work: read the corpus, print its statistics (and write them to `json_path`)."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     if json_path:
         check_writable(json_path, "--json")
     corpus = load_corpus(data_dir)

@@ -45,8 +45,9 @@ from world_model.models.checkpoint import CheckpointError
 from world_model.models.decoding import CALIBRATION_NAME
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import UnknownWordError, Vocabulary
-from world_model.utils.cli import SettingsParser, add_verbose, command_line, run_command
+from world_model.utils.cli import check_range
 from world_model.utils.eval_mode import eval_mode
+from world_model.utils.flags import settings_main
 
 BINS = 15  # reliability bins of equal width over [0, 1]
 FLOOR = 1e-12  # the least probability the log-loss takes a log of
@@ -298,19 +299,20 @@ class CalibrationSettings:
         },
     )
 
+    def __post_init__(self) -> None:
+        if self.save and not self.train:
+            raise ValueError("--save needs --train: the temperature is fitted on training episodes")
+        check_range("--episodes", self.episodes, 1)
+
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = SettingsParser(
-        CalibrationSettings, prog="python -m world_model.evaluation.calibration", description=__doc__.split("\n\n")[0]
+    return settings_main(
+        CalibrationSettings,
+        "world_model.evaluation.calibration",
+        __doc__.split("\n\n")[0],
+        calibration_command,
+        argv,
     )
-    add_verbose(parser)
-    settings, args = parser.parse(argv)
-    if settings.save and not settings.train:
-        parser.error("--save needs --train: the temperature is fitted on training episodes")
-    if settings.episodes is not None and settings.episodes < 1:
-        parser.error(f"--episodes must be >= 1, got {settings.episodes}")
-    command = command_line("world_model.evaluation.calibration", argv)
-    return run_command(lambda: calibration_command(settings, command), verbose=args.verbose)
 
 
 def calibration_command(settings: CalibrationSettings, command: str) -> None:

@@ -1,7 +1,7 @@
 """Validation metrics of a trained predictor on the ROCStories cloze stories (paper, section 8.2).
 
     python -m world_model.evaluation.evaluate --checkpoint OUT/best --data DATA_DIR [--out FILE.json] [--batch-size 64]
-        [--holdout H]
+        [--holdout H] [--floors none|counts|all] [--floors-cache DIR]
 
 Reported, on the validation windows (S, 5, 16): the cloze stories, or with `--holdout H` the last H training stories
 (the slice a run trained with `training.holdout_stories: H` validated on; the floors are then fitted on the stories
@@ -16,7 +16,7 @@ before them, so nothing they read was scored):
                         S(4) tokens at their free-running steps; the floors and the 4-tensor readout, scored on live
                         slots only, never pay it (`floors["end_cost"]` is what a count of sentence lengths pays)
     floors              the count floors of world_model/evaluation/floors/ beside them (L_S(4), token accuracy; fitted on the
-                        training stories of DATA_DIR, none when it holds no ROCStories*.csv)
+                        training stories of DATA_DIR, none when it holds no ROCStories*.csv or with `--floors none`)
     story_cloze         Story Cloze accuracy (val and test halves; summed and per-token ending log-likelihood) of the
                         model and the floors, with the published reference points (world_model/evaluation/story_cloze.py)
     coherence           for the model (and the model with its folder's coherence head, when it has one,
@@ -24,6 +24,10 @@ before them, so nothing they read was scored):
                         coherence floor fitted on the same training stories): Story Cloze on the test half with the
                         decision rule chosen on the val half (val beside it), and recall@1 / recall@10 / MRR of the
                         right ending among 100 candidates (world_model/evaluation/coherence.py)
+
+The floors take minutes to fit and score but depend only on the data and the vocabulary: they are kept in a cache
+folder and reused by the next evaluation on the same data (`world_model/evaluation/floor_cache.py`); `--floors counts`
+leaves out the dual encoder, `--floors none` every floor.
 
 `evaluate_windows` is the one evaluation routine; training calls it (through `evaluation_sums`) every epoch.
 """
@@ -38,7 +42,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -56,16 +60,16 @@ from world_model.data.rocstories import (
 )
 from world_model.evaluation import coherence as coh
 from world_model.evaluation import story_cloze as sc
-from world_model.evaluation.evaluate_report import DUAL_ENCODER, WITH_HEAD, print_result
-from world_model.evaluation.floors import floor_report
-from world_model.evaluation.floors.dual_encoder import dual_encoder_scorer, fit_dual_encoder
+from world_model.evaluation.evaluate_report import WITH_HEAD, print_result
+from world_model.evaluation.floor_cache import FLOOR_CHOICES, default_floors_cache, floor_results
 from world_model.models.coherence_head import CoherenceHead, load_coherence_head
 from world_model.models.precision import PRECISIONS, autocast
 from world_model.models.registry import count_parameters, load_model
 from world_model.text.vocab import Vocabulary
-from world_model.utils.cli import UsageError, check_device, check_output, settings_main
+from world_model.utils.cli import UsageError, check_device, check_output
 from world_model.utils.eval_mode import eval_mode
 from world_model.utils.files import write_json_atomic
+from world_model.utils.flags import settings_main
 from world_model.utils.hub import default_device
 
 SUM_KEYS = ("window_ce_sum", "window_tokens", "last_ce_sum", "last_correct", "last_tokens")
@@ -132,7 +136,8 @@ def evaluate_windows(
     return metrics
 
 
-BASELINE_DIAGNOSTICS = {  # result key -> the BaselineModel method giving (summed value, count) of a batch
+# result key -> the method giving (summed value, count) of a batch, of a model that `scores_sentences` (the baseline)
+BASELINE_DIAGNOSTICS = {
     "val_last_ce_teacher_forced": "teacher_forced_last_ce",
     "val_last_end_cost": "last_end_cost",
 }
@@ -166,111 +171,6 @@ def encode_stories(stories: Sequence[Story], vocab: Vocabulary, n: int) -> tuple
     return ids.reshape(len(stories), STORY_SENTENCES, n), stats
 
 
-def evaluate_checkpoint(
-    checkpoint: str | os.PathLike,
-    data_dir: str | os.PathLike,
-    batch_size: int = 64,
-    device: str | None = None,
-    precision: str = "fp32",
-    holdout: int = 0,
-) -> dict:
-    """Load a checkpoint folder (any registered model type) and its vocab.json; evaluate on the cloze stories, or
-    with `holdout` H > 0 on the last H training stories (L_S(4) and the other metrics in `precision`; Story Cloze,
-    always on the cloze halves, and the floors in fp32)."""
-    if holdout < 0:
-        raise ValueError(f"holdout must be >= 0, got {holdout}")
-    device = str(default_device(device))
-    if holdout:  # the data is read first: a DataError comes before the model loads
-        train_stories, val_stories = load_corpus(data_dir).split(holdout)
-    else:
-        train_stories, val_stories = None, load_validation_stories(data_dir)
-    model = load_model(checkpoint, device=device)
-    vocab = Vocabulary.load(Path(checkpoint))
-    windows, stats = encode_stories(val_stories, vocab, getattr(model.config, "n_tokens", 16))
-    metrics = evaluate_windows(model, windows, batch_size, device, precision)
-    n = windows.shape[2]
-    halves = load_cloze_halves(data_dir)
-    train_windows = training_windows(data_dir, vocab, n, train_stories)
-    floors, floor_rows = fitted_floors(train_windows, vocab, windows)
-    diagnostic = {
-        key: token_mean(model, method, windows, batch_size, device)
-        for key, method in BASELINE_DIAGNOSTICS.items()
-        if hasattr(model, method)
-    }
-    return {
-        "val_last_ce": metrics["val_last_ce"],
-        **diagnostic,
-        "val_token_accuracy": metrics["val_token_accuracy"],
-        "val_perplexity": metrics["val_perplexity"],
-        "val_window_loss": metrics["val_window_loss"],
-        "validation_windows": metrics["validation_windows"],
-        "last_tokens": metrics["last_tokens"],
-        "unknown_tokens": stats["unknown"],
-        "validation": f"the last {holdout} training stories (held out)" if holdout else "the cloze stories",
-        "checkpoint": str(checkpoint),
-        "model_type": model.config.to_dict()["model_type"],
-        "parameters": count_parameters(model),
-        "precision": precision,
-        "floors": floor_rows,
-        "story_cloze": {
-            "model": sc.story_cloze(sc.model_scorer(model, batch_size), halves, vocab, n),
-            **{name: sc.story_cloze(sc.floor_scorer(floor), halves, vocab, n) for name, floor in floors.items()},
-            "references": sc.REFERENCES,
-        },
-        "coherence": coherence_reports(
-            model, floors, train_windows, halves, vocab, n, batch_size, load_coherence_head(Path(checkpoint), model)
-        ),
-    }
-
-
-def coherence_reports(
-    model: nn.Module,
-    floors: dict,
-    train_windows: torch.Tensor | None,
-    halves: dict,
-    vocab: Vocabulary,
-    n: int,
-    batch_size: int = 64,
-    head: CoherenceHead | None = None,
-) -> dict:
-    """`coherence.coherence_report` of the model, of the model with its coherence `head` (when it has one), of every
-    floor and of the bag-of-words dual encoder fitted on `train_windows` (none without them): {name: report,
-    "references": the published Story Cloze points}."""
-    reports = {"model": coh.coherence_report(sc.model_scorer(model, batch_size), halves, vocab, n)}
-    if head is not None:
-        report = coh.coherence_report(coh.head_scorer(head, model), halves, vocab, n, coh.LIKELIHOOD_FREE_RULES)
-        weights = {"model_weight": head.config.model_weight, "likelihood_weight": head.config.likelihood_weight}
-        reports[WITH_HEAD] = {**report, **weights}
-    reports |= {name: coh.coherence_report(sc.floor_scorer(f), halves, vocab, n) for name, f in floors.items()}
-    if train_windows is not None:
-        encoder, fitted = fit_dual_encoder(train_windows, len(vocab))
-        report = coh.coherence_report(dual_encoder_scorer(encoder), halves, vocab, n, coh.LIKELIHOOD_FREE_RULES)
-        reports[DUAL_ENCODER] = {**report, "fit": fitted}
-    return {**reports, "references": sc.REFERENCES}
-
-
-def training_windows(
-    data_dir: str | os.PathLike, vocab: Vocabulary, n: int, train_stories: Sequence[Story] | None = None
-) -> torch.Tensor | None:
-    """`train_stories` (default: the training stories of `data_dir`) encoded with `vocab` as windows (S, 5, n), or
-    None when there are none."""
-    if train_stories is None:
-        if not any(Path(data_dir).glob(TRAIN_PATTERN)):
-            return None
-        train_stories = load_corpus(data_dir).train
-    return encode_windows(train_stories, vocab, n)
-
-
-def fitted_floors(
-    train_windows: torch.Tensor | None, vocab: Vocabulary, val_windows: torch.Tensor
-) -> tuple[dict, dict | None]:
-    """The floors fitted on `train_windows` (S, 5, N) and measured on `val_windows`: ({name: CountFloor}, their
-    report), or ({}, None) when there are no training windows."""
-    if train_windows is None:
-        return {}, None
-    return floor_report(train_windows, val_windows, len(vocab))
-
-
 @dataclass
 class EvaluateSettings:
     """Which checkpoint is evaluated on which stories, and how."""
@@ -291,12 +191,116 @@ class EvaluateSettings:
             "cloze stories"
         },
     )
+    floors: str = field(
+        default="all",
+        metadata={
+            "choices": list(FLOOR_CHOICES),
+            "help": "the floors fitted and reported: none, the count floors, or all (the bag-of-words dual encoder too)",
+        },
+    )
+    floors_cache: Path | None = field(
+        default=None,
+        metadata={
+            "help": "keep the fitted floors here, and reuse them for the same data and vocabulary (default "
+            "$XDG_CACHE_HOME/semantic-world-model/floors, ~/.cache/... without XDG_CACHE_HOME)"
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.holdout < 0:
             raise ValueError(f"--holdout must be >= 0, got {self.holdout}")
+
+
+def evaluate_checkpoint(settings: EvaluateSettings, stage: Callable[[str], None] = lambda _: None) -> dict:
+    """Load `settings.checkpoint` (any registered model type) and its vocab.json; evaluate on the cloze stories of
+    `settings.data`, or with `holdout` H > 0 on the last H training stories (L_S(4) and the other metrics in
+    `precision`; Story Cloze, always on the cloze halves, and the floors in fp32). The floors `floors` ("none",
+    "counts" or "all") are read from the cache folder `floors_cache` (default the user's) when fitted on the same
+    inputs before (`floor_cache`). `stage` is told what starts, as it starts (the command prints it)."""
+    s = settings
+    checkpoint, data_dir, batch_size, precision, holdout = s.checkpoint, s.data, s.batch_size, s.precision, s.holdout
+    device = str(default_device(s.device))
+    if holdout:  # the data is read first: a DataError comes before the model loads
+        train_stories, val_stories = load_corpus(data_dir).split(holdout)
+    else:
+        train_stories, val_stories = None, load_validation_stories(data_dir)
+    model = load_model(checkpoint, device=device)
+    vocab = Vocabulary.load(Path(checkpoint))
+    windows, stats = encode_stories(val_stories, vocab, getattr(model.config, "n_tokens", 16))
+    stage(f"L_S(4) and token metrics on {len(windows)} validation windows")
+    metrics = evaluate_windows(model, windows, batch_size, device, precision)
+    n = windows.shape[2]
+    halves = load_cloze_halves(data_dir)
+    if s.floors != "none":
+        folder = s.floors_cache or default_floors_cache()
+        stage(f"floors ({s.floors}): read from {folder} when fitted there on this data before, else fitted, kept there")
+    train_windows = None if s.floors == "none" else training_windows(data_dir, vocab, n, train_stories)
+    floor_part = floor_results(train_windows, windows, halves, vocab, n, s.floors, s.floors_cache)
+    stage("Story Cloze and coherence of the model")
+    story_cloze = sc.story_cloze(sc.model_scorer(model, batch_size), halves, vocab, n)
+    diagnostic = {
+        key: token_mean(model, method, windows, batch_size, device)
+        for key, method in BASELINE_DIAGNOSTICS.items()
+        if model.scores_sentences
+    }
+    return {
+        "val_last_ce": metrics["val_last_ce"],
+        **diagnostic,
+        "val_token_accuracy": metrics["val_token_accuracy"],
+        "val_perplexity": metrics["val_perplexity"],
+        "val_window_loss": metrics["val_window_loss"],
+        "validation_windows": metrics["validation_windows"],
+        "last_tokens": metrics["last_tokens"],
+        "unknown_tokens": stats["unknown"],
+        "validation": f"the last {holdout} training stories (held out)" if holdout else "the cloze stories",
+        "checkpoint": str(checkpoint),
+        "model_type": model.config.to_dict()["model_type"],
+        "parameters": count_parameters(model),
+        "precision": precision,
+        "floors": floor_part["floors"],
+        "story_cloze": {
+            "model": story_cloze,
+            **floor_part["story_cloze"],
+            "references": sc.REFERENCES,
+        },
+        "coherence": coherence_reports(
+            model, floor_part["coherence"], halves, vocab, n, batch_size, load_coherence_head(Path(checkpoint), model)
+        ),
+    }
+
+
+def coherence_reports(
+    model: nn.Module,
+    floor_reports: dict,
+    halves: dict,
+    vocab: Vocabulary,
+    n: int,
+    batch_size: int = 64,
+    head: CoherenceHead | None = None,
+) -> dict:
+    """`coherence.coherence_report` of the model and of the model with its coherence `head` (when it has one), then
+    the floors' `floor_reports` ({name: report}, `floor_results`): {name: report, "references": the published Story
+    Cloze points}."""
+    reports = {"model": coh.coherence_report(sc.model_scorer(model, batch_size), halves, vocab, n)}
+    if head is not None:
+        report = coh.coherence_report(coh.head_scorer(head, model), halves, vocab, n, coh.LIKELIHOOD_FREE_RULES)
+        weights = {"model_weight": head.config.model_weight, "likelihood_weight": head.config.likelihood_weight}
+        reports[WITH_HEAD] = {**report, **weights}
+    return {**reports, **floor_reports, "references": sc.REFERENCES}
+
+
+def training_windows(
+    data_dir: str | os.PathLike, vocab: Vocabulary, n: int, train_stories: Sequence[Story] | None = None
+) -> torch.Tensor | None:
+    """`train_stories` (default: the training stories of `data_dir`) encoded with `vocab` as windows (S, 5, n), or
+    None when there are none."""
+    if train_stories is None:
+        if not any(Path(data_dir).glob(TRAIN_PATTERN)):
+            return None
+        train_stories = load_corpus(data_dir).train
+    return encode_windows(train_stories, vocab, n)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -317,14 +321,7 @@ def evaluate_command(settings: EvaluateSettings) -> None:
     if settings.out:
         inputs = {"checkpoint": settings.checkpoint, "data folder": settings.data}
         check_output(settings.out, "--out", inputs, settings.overwrite)
-    result = evaluate_checkpoint(
-        settings.checkpoint,
-        settings.data,
-        settings.batch_size,
-        settings.device,
-        settings.precision,
-        settings.holdout,
-    )
+    result = evaluate_checkpoint(settings, stage=lambda what: print(f"evaluating: {what}", file=sys.stderr, flush=True))
     print_result(result)
     if result["unknown_tokens"]:
         print(

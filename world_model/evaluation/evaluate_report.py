@@ -17,7 +17,7 @@ def print_result(result: dict) -> None:
             print(f"{key}: {value:.6f}" if isinstance(value, float) else f"{key}: {value}")
     floors = result["floors"]
     if floors is None:
-        print("floors: none (no training file ROCStories*.csv in the data folder)")
+        print("floors: none (no training file ROCStories*.csv in the data folder, or --floors none)")
     else:
         sel = floors["selection"]
         print(

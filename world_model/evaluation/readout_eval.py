@@ -27,7 +27,8 @@ from world_model.generation.bank_file import SentenceBank, distinct_sentences, f
 from world_model.generation.sentence_bank import COHERENCE_WEIGHT, LENGTH_POWER
 from world_model.models.coherence_head import load_coherence_head
 from world_model.models.registry import load_predictor
-from world_model.utils.cli import UsageError, check_writable, settings_main
+from world_model.utils.cli import UsageError, check_writable
+from world_model.utils.flags import settings_main
 
 COHERENCE_WEIGHTS = (0.03, 0.1, 0.3, 1.0, 3.0)  # the coherence head's weights --select --coherence compares
 

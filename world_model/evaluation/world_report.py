@@ -50,8 +50,9 @@ from world_model.evaluation.world_scores import (
     score,
     seed_scores,
 )
-from world_model.utils.cli import UsageError, check_writable, settings_main
+from world_model.utils.cli import UsageError, check_writable
 from world_model.utils.files import atomic_dir, repo_path, write_json_atomic
+from world_model.utils.flags import settings_main
 
 MEMORY_GAP = 0.15
 HELDOUT_SPLIT = "heldout"

@@ -5,6 +5,7 @@ Each predicted step of a future gets (from `world_model.models.explanations.Step
 every quantity):
 
     {"probability": p,                                  # the chosen sentence's, under the readout
+     "draw_probability": q,                             # only when sampled: drawn with q at that temperature
      "alternatives": [{"sentence", "probability"}],     # likeliest first
      "attention": [{"source", "index", "text", "mass"}] # one per window slice, oldest first; sums to 1
      "drew_on": {"source", "index", "text", "mass"},    # the slice with the most attention
@@ -59,8 +60,10 @@ def step_records(
     records = []
     for step, (seen, state) in enumerate(zip(explanations, states)):
         row = seen.row(0)
+        drawn = row["draw_probability"]
         record = {
             "probability": significant(row["probability"]),
+            **({} if drawn is None else {"draw_probability": significant(drawn)}),
             "alternatives": [
                 {"sentence": vocab.decode(ids), "probability": significant(p)} for ids, p in row["alternatives"]
             ],
@@ -98,6 +101,10 @@ def explain_lines(step: dict, describe: Callable[[dict], str], indent: str = "  
     """The lines `--explain` prints under a predicted step: its alternatives, the window slice it drew on most (in
     the words of `describe`) and the words it copied."""
     lines = [f"{indent}or {probability_text(a['probability'])}  {a['sentence']}" for a in step["alternatives"]]
+    if "draw_probability" in step:
+        lines.insert(
+            0, f"{indent}drawn with p={probability_text(step['draw_probability'])} at the sampling temperature"
+        )
     if step["drew_on"] is not None:
         lines.append(
             f"{indent}drew on most: {describe(step['drew_on'])} ({step['drew_on']['mass']:.0%} of the attention)"

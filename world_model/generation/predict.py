@@ -18,8 +18,10 @@ from __future__ import annotations
 import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
 
 # isort: split
+import argparse
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from world_model.generation.explain import describe_slice, explain_lines, probability_text, step_records
@@ -28,11 +30,21 @@ from world_model.models.generation_config import GenerationConfig
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import tokenize
 from world_model.text.windows import caption_window, decode_states
-from world_model.utils.cli import SettingsParser, add_verbose, run_command
+from world_model.utils.flags import SettingsParser, add_verbose, settings_main
 
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parents[1] / "pretrained" / "rocstories-cpu"
-MAX_STEPS = 64  # predicted sentences per request
+MAX_STEPS = 64  # predicted sentences (or states) per request, of the text and the video commands alike
 MAX_SAMPLES = 16  # alternative futures per request
+
+
+@dataclass
+class PredictSettings:
+    """Which predictor the command asks, and for how many sentences."""
+
+    checkpoint: str = field(
+        default=str(SHIPPED_CHECKPOINT), metadata={"help": "predictor folder (default: the shipped one)"}
+    )
+    steps: int = field(default=1, metadata={"help": f"sentences to predict (default 1, at most {MAX_STEPS})"})
 
 
 def predict(
@@ -64,6 +76,7 @@ def predict(
     return {
         "checkpoint": str(checkpoint),
         "readout": chosen.kind,
+        "coherence": generation.coherence,
         "window": window.states,
         "unknown_words": window.unknown_words,
         "predictions": [decode_states(ids, vocab) for ids in futures],
@@ -82,21 +95,33 @@ def check_request(sentences: list[str], steps: int, samples: int) -> None:
     for i, sentence in enumerate(sentences, 1):
         if not any(ch.isalnum() for ch in sentence):
             raise ValueError(f"sentence {i} is empty: every observed sentence needs at least one word")
+    check_horizon(steps, samples)
+
+
+def check_horizon(steps: int, samples: int = 1, error: type[ValueError] = ValueError) -> None:
+    """An `error` unless `steps` is 1 to `MAX_STEPS` and `samples` 1 to `MAX_SAMPLES`: the one rule of how far and
+    how wide a request predicts, for the text and the video commands."""
     if not 1 <= steps <= MAX_STEPS:
-        raise ValueError(f"--steps must be between 1 and {MAX_STEPS}, got {steps}")
+        raise error(f"--steps must be between 1 and {MAX_STEPS}, got {steps}")
     if not 1 <= samples <= MAX_SAMPLES:
-        raise ValueError(f"--samples must be between 1 and {MAX_SAMPLES}, got {samples}")
+        raise error(f"--samples must be between 1 and {MAX_SAMPLES}, got {samples}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = SettingsParser(
-        GenerationConfig, prog="python -m world_model.generation.predict", description=__doc__.split("\n\n")[0]
+    return settings_main(
+        (GenerationConfig, PredictSettings),
+        "world_model.generation.predict",
+        __doc__.split("\n\n")[0],
+        predict_command,
+        argv,
+        arguments=add_sentences_and_switches,
+        usage_on_bad_setting=False,
     )
+
+
+def add_sentences_and_switches(parser: SettingsParser) -> None:
+    """The command's arguments beside its settings: the sentences, --json, --verbose and --explain."""
     parser.add_argument("sentences", nargs="+", help="observed sentences, oldest first")
-    parser.add_argument(
-        "--checkpoint", default=str(SHIPPED_CHECKPOINT), help="predictor folder (default: the shipped one)"
-    )
-    parser.add_argument("--steps", type=int, default=1, help=f"sentences to predict (default 1, at most {MAX_STEPS})")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     add_verbose(parser)
     parser.add_argument(
@@ -105,17 +130,14 @@ def main(argv: list[str] | None = None) -> int:
         help="print under each predicted sentence its probability, the likeliest alternatives and the observed "
         "sentence it drew on most (the JSON holds them either way)",
     )
-    try:
-        generation, args = parser.parse(argv, usage_on_bad_setting=False)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return run_command(
-        lambda: print_prediction(
-            predict(args.sentences, args.checkpoint, args.steps, generation), args.json, args.explain
-        ),
-        verbose=args.verbose,
-    )
+
+
+def predict_command(
+    generation: GenerationConfig, settings: PredictSettings, args: argparse.Namespace, command: str
+) -> None:
+    """The command's work: predict from the sentences, then print the result."""
+    result = predict(args.sentences, settings.checkpoint, settings.steps, generation)
+    print_prediction(result, args.json, args.explain)
 
 
 def print_prediction(result: dict, as_json: bool, explain: bool = False) -> None:

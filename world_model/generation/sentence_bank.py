@@ -43,10 +43,10 @@ from world_model.models.coherence_head import (
 )
 from world_model.models.decoding import choose_candidates
 from world_model.models.explanations import LastSliceProbe, StepExplanation, closed_set_choice
-from world_model.models.generation_config import GREEDY, GenerationConfig
+from world_model.models.generation_config import GREEDY, GenerationConfig, draw_probability
 from world_model.models.rollout import slide_rollout
 from world_model.text.vocab import PAD_ID
-from world_model.utils.cli import SettingsParser, add_verbose, run_command
+from world_model.utils.flags import settings_main
 
 SAMPLE_TOP_K = 20  # sampling draws among this many best sentences unless top_k is given: over the whole bank,
 # length-normalised scores are nearly flat and a draw is any sentence at all
@@ -114,12 +114,14 @@ def guarded(
 def step_explanation(
     choices: list[tuple[torch.Tensor, ...]], state: torch.Tensor, log_probs: torch.Tensor | None, probe
 ) -> StepExplanation:
-    """One bank rollout step's `StepExplanation` (on the CPU) from each window's (p, alternatives, their p) choice,
-    the chosen states (B, N), the per-slot log-probabilities (B, N, V) (None for a model without them) and the
-    `LastSliceProbe` that watched the forward pass."""
-    p, alts, p_alts = (torch.cat(parts) for parts in zip(*choices))
+    """One bank rollout step's `StepExplanation` (on the CPU) from each window's (p, alternatives, their p, draw
+    probability or None) choice, the chosen states (B, N), the per-slot log-probabilities (B, N, V) (None for a model
+    without them) and the `LastSliceProbe` that watched the forward pass."""
+    p, alts, p_alts = (torch.cat(parts) for parts in list(zip(*choices))[:3])
+    drawn = None if choices[0][3] is None else torch.cat([choice[3] for choice in choices])
     seen = {} if log_probs is None else probe.attribution(state.to(log_probs.device), log_probs, PAD_ID)
-    return StepExplanation(p, alts, p_alts, **{k: None if v is None else v.cpu() for k, v in seen.items()})
+    seen = {k: None if v is None else v.cpu() for k, v in seen.items()}
+    return StepExplanation(p, alts, p_alts, **seen, draw_probability=drawn)
 
 
 @dataclass
@@ -228,7 +230,9 @@ def bank_rollout(
             states.append(bank.substitute_edits(edits, row)[0])
             if explanations is not None:
                 p, rows, p_rows = closed_set_choice(scores[None], row, generation.alternatives)
-                choices.append((p, bank.substitute_edits(edits, rows[0])[None], p_rows))
+                sampled = generation.temperature > 0
+                drawn = draw_probability(scores[None], row, generation.temperature, top_k) if sampled else None
+                choices.append((p, bank.substitute_edits(edits, rows[0])[None], p_rows, drawn))
         state = torch.stack(states)  # (B, N)
         if explanations is not None:
             explanations.append(step_explanation(choices, state, log_probs, probe))
@@ -247,19 +251,19 @@ class BankSettings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = SettingsParser(
+    return settings_main(
         BankSettings,
-        prog="python -m world_model.generation.sentence_bank",
-        description="Write a predictor folder's sentence bank from ROCStories training stories.",
+        "world_model.generation.sentence_bank",
+        "Write a predictor folder's sentence bank from ROCStories training stories.",
+        lambda settings, command: write_bank_command(settings),
+        argv,
     )
-    add_verbose(parser)
-    settings, args = parser.parse(argv)
 
-    def work() -> None:
-        path = write_rocstories_bank(settings.out, settings.data, settings.stories)
-        print(f"{path}: {path.stat().st_size / 1e6:.2f} MB")
 
-    return run_command(work, verbose=args.verbose)
+def write_bank_command(settings: BankSettings) -> None:
+    """The command's work: the bank written into the predictor folder, and its size."""
+    path = write_rocstories_bank(settings.out, settings.data, settings.stories)
+    print(f"{path}: {path.stat().st_size / 1e6:.2f} MB")
 
 
 if __name__ == "__main__":

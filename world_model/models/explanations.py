@@ -9,6 +9,10 @@ K alternatives):
   probability 0). Tokens readout: the product, over the chosen sentence's content slots, of each slot's probability
   under its own distribution (padding, the unknown word and banned ids removed): the probability of these words in
   these slots among all sentences of the same length.
+- `draw_probability` (B,) or None: when the state was sampled (temperature > 0), the probability with which it was
+  drawn at that temperature and top_k (`world_model.models.generation_config.draw_probability`): over the candidate
+  sentences for closed-set readouts; the product over the content slots of each slot's draw probability for the
+  tokens readout. None for a greedy choice, which is certain.
 - `alternatives` (B, K, N) and `alternative_probabilities` (B, K): the K likeliest other states, likeliest first, on
   the same measure. Tokens readout: the chosen sentence with one content slot changed to another word (never an end
   token, and never at the end token), so that each alternative keeps the chosen sentence's length; the chosen state
@@ -44,6 +48,7 @@ class StepExplanation:
     copy_gate: torch.Tensor | None = None  # (B, N)
     copy_mass: torch.Tensor | None = None  # (B, N)
     copy_share: torch.Tensor | None = None  # (B, N)
+    draw_probability: torch.Tensor | None = None  # (B,), when sampled
 
     def split(self, parts: int, lengths: list[int] | None = None) -> list["StepExplanation"]:
         """An explanation of `parts` steps stacked along the batch axis (steps * B rows, step-major) -> one per step;
@@ -56,8 +61,8 @@ class StepExplanation:
         return steps
 
     def row(self, b: int) -> dict:
-        """Window b as plain Python: {"probability", "alternatives" [(ids list, p)], "slice_mass" list | None,
-        "copy" {"gate", "mass", "share"} lists | None}."""
+        """Window b as plain Python: {"probability", "draw_probability" | None, "alternatives" [(ids list, p)],
+        "slice_mass" list | None, "copy" {"gate", "mass", "share"} lists | None}."""
         alternatives = [
             (ids.tolist(), float(p)) for ids, p in zip(self.alternatives[b], self.alternative_probabilities[b])
         ]
@@ -70,6 +75,7 @@ class StepExplanation:
             }
         return {
             "probability": float(self.probability[b]),
+            "draw_probability": None if self.draw_probability is None else float(self.draw_probability[b]),
             "alternatives": alternatives,
             "slice_mass": None if self.slice_mass is None else self.slice_mass[b].tolist(),
             "copy": copy,
@@ -93,8 +99,7 @@ class LastSliceProbe:
         self._hook = None
 
     def _attentions(self) -> list:
-        layers = getattr(self.model, "layers", [])
-        return [layer.attention for layer in layers if hasattr(getattr(layer, "attention", None), "last_slice_probe")]
+        return self.model.attention_modules() if self.model.explains else []
 
     def __enter__(self) -> "LastSliceProbe":
         if self.active:
@@ -103,7 +108,7 @@ class LastSliceProbe:
                 attention.last_slice_probe = self.records  # every layer appends to the one list, in order
                 self.scale = attention.scale
             self.layers = len(attentions)
-            pointer = getattr(self.model, "pointer", None)
+            pointer = self.model.pointer if self.model.explains else None
             if pointer is not None:
                 self._hook = pointer.register_forward_hook(self._keep_copy)
         return self

@@ -16,7 +16,7 @@ from world_model.models.explanations import (
     closed_set_choice,
     token_choice,
 )
-from world_model.models.generation_config import GREEDY, GenerationConfig, after_first, sample_ids
+from world_model.models.generation_config import GREEDY, GenerationConfig, after_first, draw_probability, sample_ids
 from world_model.models.rollout import slide_rollout
 
 
@@ -88,15 +88,22 @@ class FourTensorGeneration:
         pass-major)."""
         c = self.config
         log_probs = self.readout_logits(logits, generation).log_softmax(dim=-1)
+        sampled, drawn = generation.temperature > 0, None
         if candidates is None:
             choice = token_choice(log_probs, state, c.padding_idx, generation.end_ids, alternatives)
+            if sampled:  # each content slot was drawn on its own; the slots after the end token do not matter
+                slots = draw_probability(log_probs, state, generation.temperature, generation.top_k)  # (B, N)
+                drawn = slots.masked_fill(state == c.padding_idx, 1.0).prod(dim=1)
         else:
             candidates = candidates.to(state.device).long()
             scores = slot_log_likelihood(log_probs, candidates, c.padding_idx)  # (B, C)
             chosen = (candidates[None] == state[:, None]).all(dim=-1).float().argmax(dim=1)  # (B,)
             p, rows, p_rows = closed_set_choice(scores / generation.confidence_temperature, chosen, alternatives)
             choice = (p, candidates[rows], p_rows)
-        return StepExplanation(*choice, **probe.attribution(state, log_probs, c.padding_idx))
+            if sampled:
+                drawn = draw_probability(scores, chosen, generation.temperature, generation.top_k)
+        seen = probe.attribution(state, log_probs, c.padding_idx)
+        return StepExplanation(*choice, **seen, draw_probability=drawn)
 
     @torch.no_grad()
     def rollout(

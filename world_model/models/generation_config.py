@@ -35,7 +35,7 @@ class GenerationConfig:
     tokens). `coherence` ranks a bank's sentences with the predictor folder's coherence head as well
     (`world_model.generation.sentence_bank`). `precision` bf16 runs the predictor's matrix products under bf16
     autocast (`world_model.models.precision`).
-    The fields with help are the commands' flags (`transformers.HfArgumentParser`)."""
+    The fields with help are the commands' flags (`world_model.utils.flags.SettingsParser`)."""
 
     flag_group = "generation"
     temperature: float = field(default=0.0, metadata={"help": "0 = greedy (default); > 0 samples"})
@@ -125,6 +125,18 @@ def sample_ids(
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = logits.softmax(dim=-1)
     return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator).view(probs.shape[:-1])
+
+
+def draw_probability(
+    logits: torch.Tensor, chosen: torch.Tensor, temperature: float, top_k: int | None = None
+) -> torch.Tensor:
+    """The probability (...) with which `sample_ids` at `temperature` (> 0) and `top_k` draws the ids `chosen` (...)
+    from logits (..., V): softmax(logits / temperature) within the top_k entries, at the chosen id."""
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return logits.softmax(dim=-1).gather(-1, chosen.long()[..., None])[..., 0]
 
 
 def after_first(is_stop: torch.Tensor) -> torch.Tensor:

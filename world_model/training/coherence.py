@@ -41,8 +41,9 @@ from world_model.models.coherence_head import (
 )
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import PAD_ID
-from world_model.utils.cli import UsageError, check_output, check_range, check_writable, settings_main
+from world_model.utils.cli import UsageError, check_output, check_range, check_writable
 from world_model.utils.files import write_json_atomic
+from world_model.utils.flags import settings_main
 
 # The predictor's ratio weight is never negative: a negative weight prefers the endings the story makes less likely,
 # which the cloze val half rewards (its wrong endings reuse the story's words) but which ranks a story's own next

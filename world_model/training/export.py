@@ -21,12 +21,13 @@ from pathlib import Path
 
 import torch
 
-from world_model.evaluation.evaluate import evaluate_checkpoint
+from world_model.evaluation.evaluate import EvaluateSettings, evaluate_checkpoint
 from world_model.evaluation.floors import FLOORS
 from world_model.generation.sentence_bank import write_rocstories_bank
 from world_model.models.registry import count_parameters, load_model
 from world_model.text.vocab import Vocabulary
-from world_model.utils.cli import check_writable, settings_main
+from world_model.utils.cli import check_writable
+from world_model.utils.flags import settings_main
 
 
 def model_card(config: dict, run: dict, metrics: dict, command: str, export_command: str, size_bytes: int) -> str:
@@ -153,7 +154,7 @@ def export(settings: ExportSettings, command: str) -> None:
     run = {**run, "history": history, "best_epoch": best_epoch, "last_epoch": history[-1]["epoch"]}
     model.save_pretrained(settings.out, vocab=vocab, dtype=torch.float16, epoch=best_epoch, source="ROCStories")
     if settings.data is not None:
-        metrics = evaluate_checkpoint(settings.out, settings.data)
+        metrics = evaluate_checkpoint(EvaluateSettings(checkpoint=settings.out, data=settings.data))
         write_rocstories_bank(
             settings.out, settings.data
         )  # the readout of world_model.generation.predict and the hub preset

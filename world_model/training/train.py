@@ -49,15 +49,9 @@ from world_model.training.loop import (
     signals_held,
     stop_reason,
 )
-from world_model.utils.cli import (
-    SettingsParser,
-    add_verbose,
-    as_interrupted,
-    check_writable,
-    run_command,
-    stop_signals_raise,
-)
+from world_model.utils.cli import as_interrupted, check_writable, stop_signals_raise
 from world_model.utils.files import claimed
+from world_model.utils.flags import settings_main
 
 
 def start_accelerator():
@@ -335,18 +329,19 @@ def summarise(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line of `python -m world_model.training.train` (and `wm-train`)."""
-    parser = SettingsParser(
+    return settings_main(
         TrainSettings,
-        prog="python -m world_model.training.train",
-        description="Train the world-model predictor on ROCStories or synthetic-world sentences (paper, section 8.2).",
+        "world_model.training.train",
+        "Train the world-model predictor on ROCStories or synthetic-world sentences (paper, section 8.2).",
+        train_command,
+        argv,
     )
-    add_verbose(parser)
-    settings, args = parser.parse(argv)
+
+
+def train_command(settings: TrainSettings, command: str) -> dict:
+    """The command's work: `train` with the settings; its summary."""
     options = asdict(settings)
-    return run_command(
-        lambda: train(options.pop("config"), options.pop("data"), options.pop("out"), **options),
-        verbose=args.verbose,
-    )
+    return train(options.pop("config"), options.pop("data"), options.pop("out"), **options)
 
 
 if __name__ == "__main__":

@@ -7,19 +7,15 @@ stop signals handled alike.
     128 + n   stopped by signal n (SIGINT 130, SIGTERM 143, SIGHUP 129): one line, staging removed
 
 `run_command(work, verbose)` runs a command's work under these rules; `check_device`, `check_writable` and
-`check_output` are the checks a command makes before loading models or reading data. `SettingsParser` is every
-command's parser: its flags are the fields of settings dataclasses; `settings_main` is the whole `main` of a command
-whose flags are one such dataclass, and `command_line` the command as its records write it.
+`check_output` are the checks a command makes before loading models or reading data. Every command's flags and its
+`main` come from `world_model.utils.flags`.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import dataclasses
 import math
 import os
-import shlex
 import shutil
 import signal
 import sys
@@ -27,10 +23,9 @@ import tempfile
 import threading
 import traceback
 from pathlib import Path
-from typing import Callable, Iterator, Sequence, get_args, get_origin
+from typing import Callable, Iterator
 
 import torch
-from transformers import HfArgumentParser
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
 MIN_FREE_BYTES = 1 << 20  # an output needs at least this much free disk before a command starts its work
@@ -119,99 +114,6 @@ def run_command(
         hint = "" if verbose else "; rerun with --verbose for the traceback"
         print(f"error: internal failure ({type(err).__name__}: {one_line(err)}){hint}", file=sys.stderr)
         return EXIT_INTERNAL
-
-
-class StoreTuple(argparse.Action):
-    """Stores the values of a `nargs="+"` flag as a tuple (the type of a settings dataclass's tuple field)."""
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        setattr(namespace, self.dest, tuple(values))
-
-
-class SettingsParser(HfArgumentParser):
-    """A command's parser: one flag per field of its settings dataclasses (`transformers.HfArgumentParser`: field
-    batch_size -> --batch-size, also spelt --batch_size; `metadata["help"]` is the help, `metadata["aliases"]` more
-    names). Beyond HfArgumentParser, a tuple field takes its values as a tuple (tuple[int, ...]: one or more), a
-    bool setting that defaults off also accepts --no-x, a field with `metadata={"flag": False}` gets no flag (it
-    keeps its default), and a flag the command does not know exits 2 with the usage message, as argparse does.
-    Positional arguments and flags that are not settings (--verbose) are added with `add_argument`."""
-
-    def __init__(
-        self,
-        settings: type | tuple[type, ...],
-        prog: str,
-        description: str,
-        formatter_class: type[argparse.HelpFormatter] = argparse.HelpFormatter,
-    ):
-        super().__init__(settings, prog=prog, description=description, formatter_class=formatter_class)
-
-    @staticmethod
-    def _parse_dataclass_field(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
-        if field.metadata.get("flag") is False:  # a setting the command does not let the user change
-            parser.set_defaults(**{field.name: field.default})
-            return
-        dashed, added = field.name.replace("_", "-"), len(parser._actions)
-        if get_origin(field.type) is not tuple:
-            HfArgumentParser._parse_dataclass_field(parser, field)
-            if field.type is bool and field.default is False:  # --no-x as well, as for a setting that defaults on
-                parser.add_argument(f"--no-{dashed}", action="store_false", dest=field.name, help=argparse.SUPPRESS)
-            for action in parser._actions[added:]:  # --batch-size before --batch_size in the help and messages
-                action.option_strings.sort(key=lambda name: "_" in name)
-            return
-        names = [f"--{dashed}"] + ([f"--{field.name}"] if "_" in field.name else [])
-        options = dict(field.metadata)
-        names += options.pop("aliases", [])
-        lengths = get_args(field.type)
-        count = "+" if lengths[-1] is Ellipsis else len(lengths)  # tuple[int, ...]: one or more; tuple[int, int]: 2
-        if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
-            options["required"] = True  # a tuple setting without a default is a flag the command needs
-        else:
-            has_factory = field.default_factory is not dataclasses.MISSING
-            options["default"] = field.default_factory() if has_factory else field.default
-        parser.add_argument(*names, type=lengths[0], nargs=count, action=StoreTuple, **options)
-
-    def parse(self, argv: list[str] | None, usage_on_bad_setting: bool = True) -> tuple:
-        """The settings dataclasses filled from `argv` (None: sys.argv), in the order given to the parser, then a
-        namespace of the other arguments if the command added any. An unknown flag or a value of the wrong type
-        exits 2 with the usage message; so does a setting its dataclass refuses (a ValueError from its checks),
-        unless `usage_on_bad_setting` is False: then the ValueError is raised for the command to report."""
-        try:
-            *parsed, unknown = self.parse_args_into_dataclasses(
-                argv, return_remaining_strings=True, look_for_args_file=False
-            )
-        except ValueError as err:
-            if not usage_on_bad_setting:
-                raise
-            self.error(one_line(err))
-        if unknown:
-            self.error(f"unrecognized arguments: {' '.join(unknown)}")
-        return tuple(parsed)
-
-
-def add_verbose(parser: argparse.ArgumentParser) -> None:
-    """The `--verbose` flag every command has: an error shows its traceback."""
-    parser.add_argument("--verbose", action="store_true", help="show the traceback of an error")
-
-
-def command_line(module: str, argv: Sequence[str] | None) -> str:
-    """The command as a record writes it, to be run again: "python -m MODULE ARGS", the arguments (`argv`, None:
-    sys.argv[1:]) shell-quoted."""
-    return f"python -m {module} " + shlex.join(sys.argv[1:] if argv is None else list(argv))
-
-
-def settings_main(
-    settings_type: type,
-    module: str,
-    description: str,
-    work: Callable[[object, str], object],
-    argv: Sequence[str] | None,
-) -> int:
-    """The `main` of `python -m MODULE` whose flags are the fields of `settings_type` and --verbose: parse `argv`
-    (None: sys.argv), then `run_command(work(settings, command_line(module, argv)))`; the exit code."""
-    parser = SettingsParser(settings_type, prog=f"python -m {module}", description=description)
-    add_verbose(parser)
-    settings, args = parser.parse(None if argv is None else list(argv))
-    return run_command(lambda: work(settings, command_line(module, argv)), verbose=args.verbose)
 
 
 def one_line(err: BaseException) -> str:

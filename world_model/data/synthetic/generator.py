@@ -36,7 +36,8 @@ from world_model.data.synthetic.simulation import (
     simulate,
 )
 from world_model.text.vocab import Vocabulary, tokenize
-from world_model.utils.cli import SettingsParser, add_verbose, check_range, run_command
+from world_model.utils.cli import check_range
+from world_model.utils.flags import SettingsParser, add_verbose, settings_main
 from world_model.utils.video import write_video
 
 
@@ -145,13 +146,20 @@ class GenerateSettings:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line (see the module docstring); returns the exit status (2 on bad arguments)."""
-    parser = SettingsParser(
-        GenerateSettings, prog="python -m world_model.data.synthetic.generator", description=__doc__.split("\n\n")[0]
+    return settings_main(
+        GenerateSettings,
+        "world_model.data.synthetic.generator",
+        __doc__.split("\n\n")[0],
+        lambda settings, args, command: generate_command(settings),
+        argv,
+        arguments=add_subcommand,
     )
+
+
+def add_subcommand(parser: SettingsParser) -> None:
+    """The command's arguments beside its settings: the subcommand (generate) and --verbose."""
     parser.add_argument("command", choices=["generate"], help="generate: write clips, episodes.jsonl and summary.json")
     add_verbose(parser)
-    settings, args = parser.parse(argv)
-    return run_command(lambda: generate_command(settings), verbose=args.verbose)
 
 
 def generate_command(settings: GenerateSettings) -> None:

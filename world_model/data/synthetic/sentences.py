@@ -35,8 +35,9 @@ from world_model.models.decoding import READOUTS
 from world_model.models.generation_config import GenerationConfig
 from world_model.text.vocab import Vocabulary, same_sentence
 from world_model.text.windows import caption_window, decode_states
-from world_model.utils.cli import check_writable, settings_main
+from world_model.utils.cli import check_writable
 from world_model.utils.eval_mode import eval_mode
+from world_model.utils.flags import settings_main
 
 
 def observed_and_future(records: Sequence[dict], observed: int, steps: int) -> tuple[list[list[str]], list[list[str]]]:
