@@ -45,7 +45,7 @@ from world_model.utils.files import claimed, repo_path, write_json_atomic
 from world_model.utils.flags import SettingsParser, add_verbose, settings_main
 
 BASE_CONFIG = PROJECT_ROOT / "configs" / "world_model" / "world.yaml"
-MAX_STATES, MAX_TOKENS = 13, 32  # the default config's window and token slots at most
+FIT_MAX_STATES, FIT_MAX_TOKEN_SLOTS = 13, 32  # the default config's window and token slots at most
 PREDICTOR_FILES = ("config.json", "model.safetensors", "vocab.json", "known_sentences.txt")
 MADE = (*PREDICTOR_FILES, "model_card.md", "fit.json", "data", "run")  # what --overwrite replaces
 SCENE = "clips"  # the scene name the held-out records carry (the world report's scoring groups by scene)
@@ -196,14 +196,14 @@ def write_split(folder: Path, clips: list[str], sequences: dict[str, list[str]])
 
 def default_config(sequences: list[list[str]]) -> dict:
     """The synthetic world's config (`configs/world_model/world.yaml`) with a window as long as the longest clip
-    allows (at most `MAX_STATES`) and token slots for the longest state sentence (at most `MAX_TOKENS`)."""
+    allows (at most `FIT_MAX_STATES`) and token slots for the longest state sentence (at most `FIT_MAX_TOKEN_SLOTS`)."""
     from world_model.text.vocab import tokenize
 
     config = load_config(BASE_CONFIG)
     longest = max(len(states) for states in sequences)
     tokens = max(len(tokenize(sentence)) for states in sequences for sentence in states)
-    config["model"]["n_states"] = min(MAX_STATES, max(2, longest - 1))
-    config["model"]["n_tokens"] = min(MAX_TOKENS, max(4, tokens))
+    config["model"]["n_states"] = min(FIT_MAX_STATES, max(2, longest - 1))
+    config["model"]["n_tokens"] = min(FIT_MAX_TOKEN_SLOTS, max(4, tokens))
     return config
 
 
