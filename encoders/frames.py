@@ -135,7 +135,7 @@ def sample_frames(
             check_interval(path, info, interval)
         offsets = [o / info.fps for o in state_offsets(info.fps, interval, frames_per_state)]  # seconds
         last = info.duration - 1 / info.fps  # nominal start of the last frame
-        plan = [t for t in _plan(info, interval, num_frames) if t + offsets[-1] <= last + 1e-6]
+        plan = [t for t in sample_times(info, interval, num_frames) if t + offsets[-1] <= last + 1e-6]
         if not plan:
             raise VideoError(f"{path} is {info.duration:.2f}s long, shorter than one {interval}s state")
         warnings = [_header_overstates(path, info)] if _header_overstates(path, info) else []
@@ -258,7 +258,7 @@ def state_offsets(fps: float, interval: float, frames_per_state: int) -> list[in
     return np.unique(np.linspace(0, last, frames_per_state).round().astype(int)).tolist()
 
 
-def _plan(info: VideoInfo, interval: float, num_frames: int | None) -> list[float]:
+def sample_times(info: VideoInfo, interval: float, num_frames: int | None = None) -> list[float]:
     """Sorted, distinct times (seconds) to sample, from 0 to the nominal start of the last frame."""
     last = max(info.duration - 1 / info.fps, 0.0)
     if num_frames is not None:

@@ -131,3 +131,30 @@ def test_api_calls_with_values_the_page_never_sends_are_refused_in_one_log_line(
     assert "Traceback" not in capfd.readouterr().err
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused a request")]
     assert len(lines) == 3 and lines[2].startswith("refused a request: Model preset: Value: nonsense")
+
+
+def test_a_run_is_estimated_from_the_rates_of_the_last_one(tmp_path):
+    """Before any run there is no estimate; after one, the next request's time is its frames and images at the
+    measured rates, with a note when its preset has not loaded its models yet."""
+    from apps.demo.checks import on_check
+    from apps.demo.estimate import RunTimes
+    from encoders.frames import probe_video
+    from tests.test_record import make_record
+
+    clip = write_test_clip(tmp_path / "clip.mp4", seconds=4, fps=10)
+    config = DemoConfig(temp_root=tmp_path / "runs")
+    times = RunTimes()
+    info = probe_video(clip)
+    status = on_check(str(clip), 3, config, 0, lambda i: times.sentence(i, 1.0, 32, 3, "offline"))[0]
+    assert "no estimate yet" in status
+    record = make_record(["a", "b", "c", "d"], [["x", "y"]])
+    record.timings_s = {"sample_frames": 0.4, "load_models": 9.0, "caption": 3.6, "predict": 0.2, "render": 1.8}
+    times.learn(record, seconds=16.0, preset="offline")  # 4 frames, 2 images; 1 s of writing and packing
+    assert (times.per_frame, times.per_image, times.fixed) == (1.0, 1.0, 1.0)
+    assert times.estimate(frames=4, images=3) == 8.0
+    assert times.sentence(info, 1.0, 32, 3, "offline") == "about 8.0 s for 4 frames and 3 predicted images"
+    assert times.sentence(info, 2.0, 32, 6, "hub").startswith("about 9.0 s after the models load")
+    assert times.sentence(info, 1.0, 2, 3, "offline").startswith("about 6.0 s for 2 frames")  # --max-frames caps
+    assert times.sentence(info, float("nan"), 32, 3, "offline") == ""  # a setting the run will refuse
+    status = on_check(str(clip), 3, config, 0, lambda i: times.sentence(i, 1.0, 32, 3, "offline"))[0]
+    assert status.endswith("… (about 8.0 s for 4 frames and 3 predicted images)")

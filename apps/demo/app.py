@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import sys
@@ -23,6 +24,7 @@ from apps.demo.checks import (
     on_upload,
 )
 from apps.demo.config import CACHE_PREFIX, COMPONENTS, CUSTOM, DEMO_MAX_STEPS, RUN_MAX_AGE_S, DemoConfig
+from apps.demo.estimate import RunTimes
 from apps.demo.quiet_inputs import quiet
 from apps.demo.run import handle_run, remove_unfinished
 from pipeline.presets import PresetError, choose_preset
@@ -133,8 +135,18 @@ def result_panels() -> dict:
 
 
 def wire(config: DemoConfig, inputs: dict, run: gr.Button, panels: dict) -> None:
-    """The events: an upload reports the clip; a click checks the request, then queues the rollout."""
+    """The events: an upload reports the clip; a click checks the request and says how long it should take (from
+    this server's earlier runs), then queues the rollout."""
     clicked = gr.State()
+    times = RunTimes()
+
+    def on_click(path, steps, seed, interval, preset, temperature, samples):
+        def expect(info) -> str:  # called once the steps are checked
+            sampled = all(isinstance(x, (int, float)) and math.isfinite(x) for x in (temperature, samples))
+            futures = max(int(samples), 1) if sampled and temperature > 0 else 1
+            return times.sentence(info, interval, config.max_frames, int(steps) * futures, preset)
+
+        return on_check(path, steps, config, seed, expect)
 
     def on_run(
         clip,
@@ -160,6 +172,7 @@ def wire(config: DemoConfig, inputs: dict, run: gr.Button, panels: dict) -> None
                 samples,
                 config=config,
                 clicked_at=clicked_at,
+                times=times,
                 progress=lambda fraction, message: progress(fraction, desc=message),
             )
         except gr.Error as err:  # said in the status area, the outputs emptied: no error box left open
@@ -170,8 +183,8 @@ def wire(config: DemoConfig, inputs: dict, run: gr.Button, panels: dict) -> None
     clip.change(lambda path: on_upload(path, config), [clip], [status], queue=False, **hidden)
     outputs = [panels[k] for k in ("observed", "predicted", "rendered", "video", "archive", "status", "banner")]
     run.click(
-        lambda path, n, s: on_check(path, n, config, s),
-        [clip, inputs["steps"], inputs["seed"]],
+        on_click,
+        [clip, *(inputs[k] for k in ("steps", "seed", "interval", "preset", "temperature", "samples"))],
         [status, banner, clicked],
         concurrency_limit=None,
         **hidden,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
+from typing import Callable
 
 import gradio as gr
 
@@ -76,16 +77,24 @@ def on_upload(video: str | None, config: DemoConfig) -> str:
 REFUSED = -1.0  # on_check's "time of the click" for a refused request: the run step then changes nothing
 
 
-def on_check(video: str | None, steps: float, config: DemoConfig, seed: float = 0) -> tuple[str, str, float]:
-    """The quick first step of a run: the status, an empty out-of-world banner and the time of the click (the
-    rollout may then wait in the queue, and its reported time counts that); for a bad request, the status says why
-    (`error_status`) and the time is `REFUSED`."""
+def on_check(
+    video: str | None,
+    steps: float,
+    config: DemoConfig,
+    seed: float = 0,
+    expect: Callable[[VideoInfo], str] | None = None,
+) -> tuple[str, str, float]:
+    """The quick first step of a run: the status (with `expect(clip's info)`, how long the run should take), an empty
+    out-of-world banner and the time of the click (the rollout may then wait in the queue, and its reported time
+    counts that); for a bad request, the status says why (`error_status`) and the time is `REFUSED`."""
     try:
         if video is None:
             raise fail(EMPTY_MESSAGE)
         check_steps(steps)
         check_seed(seed)
-        return f"**Running** on {describe_clip(*check_clip(video, config))} …", "", time.time()
+        path, info = check_clip(video, config)
+        expected = f" ({expect(info)})" if expect else ""
+        return f"**Running** on {describe_clip(path, info)} …{expected}", "", time.time()
     except gr.Error as err:
         return error_status(err.message), "", REFUSED
 

@@ -12,6 +12,7 @@ from typing import Callable
 
 from apps.demo.checks import EMPTY_MESSAGE, check_clip, check_seed, check_steps, fail, md_escape, readable
 from apps.demo.config import CACHE_PREFIX, COMPONENTS, CUSTOM, RUN_MAX_AGE_S, DemoConfig
+from apps.demo.estimate import RunTimes
 from apps.demo.explain_view import HEADER, LEGEND, predicted_rows
 from encoders.frames import VideoError
 from pipeline.config import FrameSampling, ModelChoice
@@ -84,10 +85,12 @@ def handle_run(
     config: DemoConfig | None = None,
     progress: Callable[[float, str], None] | None = None,
     clicked_at: float | None = None,
+    times: RunTimes | None = None,
 ) -> tuple:
     """One request: check the inputs, run the rollout in a new folder, and return the outputs
     (observed gallery, captions and predicted sentences, rendered gallery, video, zip, status, out-of-world
-    banner). `clicked_at` (time.time() of the click) makes the reported time include the wait in the queue.
+    banner). `clicked_at` (time.time() of the click) makes the reported time include the wait in the queue; `times`
+    learns the run's rates for the next request's estimate.
     Raises gr.Error with a readable message for anything that goes wrong."""
     config = config or DemoConfig()
     if video is None:
@@ -140,7 +143,10 @@ def handle_run(
         ) from None
     finally:
         UNFINISHED.discard(request)
-    return outputs(result, archive, request.name, time.time() - started, int(samples), float(temperature or 0), waited)
+    seconds = time.time() - started
+    if times is not None:
+        times.learn(result.rollout, seconds, preset)
+    return outputs(result, archive, request.name, seconds, int(samples), float(temperature or 0), waited)
 
 
 def unknown_banner(record: RolloutRecord) -> str:
