@@ -82,6 +82,7 @@ def test_samples_that_coincide_are_said_to(tmp_path):
     record = make_record(["a ball falls."], [["a ball rolls."], ["a ball rolls."], ["a ball."]])
     status = run.outputs(RolloutResult(tmp_path, record, [], []), tmp_path / "run.zip", "req", 1.0, 3, 0.8)[5]
     assert "The 3 samples give 2 different future(s): at temperature 0.8" in status
+    assert "- Predictor: `predictor`, readout tokens" in status  # which predictor ran: a fitted one shows its name
     record.predictions[1].sentences = ["a ball stops."]
     status = run.outputs(RolloutResult(tmp_path, record, [], []), tmp_path / "run.zip", "req", 1.0, 3, 0.8)[5]
     assert "different future" not in status

@@ -204,7 +204,7 @@ def outputs(
         "",
         f"- Run folder: `{request_id}/{run_dir.name}`",
         f"- Preset: **{md_escape(record.preset)}** ({md_escape(record.preset_reason)})",
-        f"- Readout: {md_escape(record.sampling.readout)}",
+        f"- Predictor: `{md_escape(Path(record.models.predictor).name)}`, readout {md_escape(record.sampling.readout)}",
         f"- Caption words outside the predictor's vocabulary: {record.oov.rate:.0%}",
     ]
     if samples > 1 and temperature <= 0:

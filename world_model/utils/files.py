@@ -49,24 +49,23 @@ def atomic_dir(folder: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to a temporary file beside `path`, then rename it into place."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-        os.chmod(tmp, 0o644)  # mkstemp makes it private
-        os.replace(tmp, path)
-    except BaseException:  # a full disk or a signal: the old file stays whole and no temporary file is left
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def write_json_atomic(path: str | os.PathLike, data: Any, ensure_ascii: bool = True) -> None:
+    """Write `data` as indented JSON to `path` through `replacing_file`: the old file stays whole on a failure."""
+    with replacing_file(Path(path)) as staged, open(staged, "w", encoding="utf-8") as file:
+        json.dump(data, file, indent=2, ensure_ascii=ensure_ascii)
+        file.write("\n")
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write `text` (UTF-8) to `path` through `replacing_file`: staged beside it, then renamed into place."""
+    with replacing_file(Path(path)) as staged:
+        Path(staged).write_text(text, encoding="utf-8")
 
 
 @contextmanager
 def replacing_file(path: Path) -> Iterator[str]:
-    """Yield a temporary file name next to ``path`` (same suffix); move it onto ``path`` on success."""
+    """Yield a temporary file name next to ``path`` (same suffix); move it onto ``path`` on success. On a failure
+    (a full disk, a signal) the temporary file is removed and the old ``path`` stays whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
     os.close(handle)
