@@ -25,7 +25,6 @@ from __future__ import annotations
 import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
 
 # isort: split
-import json
 import math
 import os
 import resource
@@ -41,7 +40,8 @@ import cv2
 import numpy as np
 
 from pipeline.presets import PROJECT_ROOT, PresetError, choose_preset, load_preset, missing_offline_models
-from world_model.utils.cli import UsageError, check_device, check_writable
+from world_model.utils.cli import UsageError, check_device, check_output
+from world_model.utils.files import write_json_atomic
 from world_model.utils.flags import settings_main
 
 STAGES = ("sample_frames", "caption", "predict", "render", "write_outputs")
@@ -266,6 +266,7 @@ class BenchSettings:
     interval: float = field(default=1.0, metadata={"help": "seconds between sampled frames (default 1)"})
     threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's own choice)"})
     json: Path | None = field(default=None, metadata={"help": "also write the results to this JSON file"})
+    overwrite: bool = field(default=False, metadata={"help": "replace an existing --json file"})
     real_size: bool = field(
         default=False,
         metadata={"help": "time the hub preset's models at full size with random weights instead (no download)"},
@@ -289,14 +290,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def bench_or_real_size(settings: BenchSettings, command: str) -> int:
-    """The command's work: `real_size_main` with --real-size, else `bench_command`; the exit code."""
+    """The command's work: `real_size_main` with --real-size, else `bench_command`; the exit code. --json is checked
+    first, before any model is built."""
+    if settings.json:
+        check_output(settings.json, "--json", overwrite=settings.overwrite)
     return real_size_main(settings) if settings.real_size else bench_command(settings)
 
 
 def bench_command(settings: BenchSettings) -> int:
     """Time one rollout of a generated clip (see the module docstring); 2 when the offline pack is missing."""
-    if settings.json:
-        check_writable(settings.json, "--json")
     if settings.preset == "tiny":
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # only local folders are used: never wait on the hub
     import torch
@@ -371,8 +373,7 @@ def memory_figures(memory: RssWatcher) -> dict[str, float]:
 def write_json_report(result: dict, path: Path | None) -> None:
     """Write the figures to `path` as JSON (its folder created), when a path is given."""
     if path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
+        write_json_atomic(path, result)
         print(f"wrote {path}")
 
 
@@ -382,8 +383,6 @@ def real_size_main(settings: BenchSettings) -> int:
     from pipeline.real_size import format_result, measure
 
     check_device(settings.device)
-    if settings.json:
-        check_writable(settings.json, "--json")
     device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device not in ("cpu", "cuda"):
         raise UsageError(f"--device must be cpu or cuda, got {device!r}")

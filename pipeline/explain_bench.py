@@ -14,7 +14,6 @@ with one thread (OMP_NUM_THREADS=1). Writes overhead.json and overhead.md.
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import sys
@@ -30,7 +29,8 @@ from pipeline.rollout import predict
 from world_model.generation.predict import check_horizon
 from world_model.models.generation_config import GenerationConfig
 from world_model.text.windows import caption_states, caption_window
-from world_model.utils.cli import check_range
+from world_model.utils.cli import check_output, check_range
+from world_model.utils.files import write_json_atomic, write_text_atomic
 from world_model.utils.flags import settings_main
 
 OFFLINE = PROJECT_ROOT / "offline_pack" / "predictor"
@@ -121,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def overhead_command(settings: OverheadSettings, command: str) -> None:
     """The command's work: time every installed case with and without explanations, print (and write) the report."""
+    if settings.out:  # a report folder: its two files are replaced
+        inputs = {f"{name} predictor": folder for name, folder, _, _ in CASES}
+        check_output(settings.out, "--out", inputs, overwrite=True)
     cases = {}
     for name, folder, kind, sentences in CASES:
         if not (folder / "config.json").is_file():
@@ -137,9 +140,8 @@ def overhead_command(settings: OverheadSettings, command: str) -> None:
     report = markdown(results)
     print(report, end="")
     if settings.out:
-        settings.out.mkdir(parents=True, exist_ok=True)
-        (settings.out / "overhead.json").write_text(json.dumps(results, indent=2) + "\n")
-        (settings.out / "overhead.md").write_text(report)
+        write_json_atomic(settings.out / "overhead.json", results)
+        write_text_atomic(settings.out / "overhead.md", report)
 
 
 if __name__ == "__main__":

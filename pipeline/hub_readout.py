@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.presets import PROJECT_ROOT, load_preset
-from world_model.utils.cli import check_writable
+from world_model.utils.cli import check_output
 from world_model.utils.files import atomic_dir, repo_path
 from world_model.utils.flags import settings_main
 
@@ -199,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(settings: HubReadoutSettings, command: str) -> None:
-    check_writable(settings.out)
+    """The command's work: check --out (a report folder, replaced whole when the report is written), measure, write
+    and print the report."""
+    check_output(settings.out, "--out", {"sequences": settings.sequences}, overwrite=True)
     result = hub_readout(settings.sequences, settings.preset)
     with atomic_dir(settings.out) as staging:
         (staging / "results.json").write_text(json.dumps({"command": command, **result}, indent=2) + "\n")

@@ -114,7 +114,8 @@ def run_rollout(
     generation = plan.preset.generation_for(generation)
     video = Path(video)
     check_file_name(video)  # before a run folder is named after it
-    with run_folder(output.out_dir, output.overwrite, video.stem) as (out_dir, staging):
+    folders = {f"{name} folder": path for name, path in models.overrides().items() if Path(path).is_dir()}
+    with run_folder(output.out_dir, output.overwrite, video.stem, folders) as (out_dir, staging):
         record, observed, rendered = run_in(staging, video, steps, plan, generation, output, report)
         replace_dir(staging, out_dir)
     report(1.0, "done")

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from world_model.utils.cli import UsageError, check_not_dangling, check_writable
+from world_model.utils.cli import UsageError, check_output
 from world_model.utils.files import FolderInUse, claimed
 
 
@@ -21,13 +21,18 @@ class RunFolderError(ValueError):
 
 
 @contextlib.contextmanager
-def run_folder(out_dir: Path | None, overwrite: bool, name: str = "run") -> Iterator[tuple[Path, Path]]:
+def run_folder(
+    out_dir: Path | None, overwrite: bool, name: str = "run", inputs: dict | None = None
+) -> Iterator[tuple[Path, Path]]:
     """Claim the run folder and make its staging folder: yields (run folder, staging folder). `out_dir` None picks
     `runs/<name>-<time>`, with `-2`, `-3`, ... added when another run has that name (two runs in one second
     each get their own). An explicit `out_dir` that holds files (unless `overwrite`) or that another run holds is a
-    RunFolderError. The staging folder, and folders made for the run, are removed when the block raises."""
+    RunFolderError, and so is one that is, or lies inside, one of the `inputs` (`check_output`'s). The staging folder,
+    and folders made for the run, are removed when the block raises."""
     with contextlib.ExitStack() as stack:
-        out_dir = stack.enter_context(claim_default(name) if out_dir is None else claim_explicit(out_dir, overwrite))
+        out_dir = stack.enter_context(
+            claim_default(name) if out_dir is None else claim_explicit(out_dir, overwrite, inputs)
+        )
         try:
             staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.partial-"))
         except OSError as err:
@@ -41,9 +46,9 @@ def run_folder(out_dir: Path | None, overwrite: bool, name: str = "run") -> Iter
 
 
 @contextlib.contextmanager
-def claim_explicit(out_dir: Path, overwrite: bool) -> Iterator[Path]:
-    """Hold `out_dir` (--out) for this run after checking it can be used."""
-    check_out(out_dir)
+def claim_explicit(out_dir: Path, overwrite: bool, inputs: dict | None = None) -> Iterator[Path]:
+    """Hold `out_dir` (--out) for this run after checking it can be used and is none of the `inputs`."""
+    check_out(out_dir, inputs)
     claimed_it = False  # a PermissionError after the claim comes from the run's own work, and names its file
     try:
         with claimed(out_dir):
@@ -83,14 +88,14 @@ def timestamp() -> str:
     return time.strftime("%Y%m%d-%H%M%S")
 
 
-def check_out(out_dir: Path) -> None:
-    """A RunFolderError for a folder that cannot be written, a link to nothing, a mount point (the finished run
-    replaces the folder by renaming, which a mount point refuses), or the working folder or one that holds it."""
+def check_out(out_dir: Path, inputs: dict | None = None) -> None:
+    """A RunFolderError for a folder that cannot be written, a link to nothing, one of the `inputs` or inside one
+    (`check_output`; whether it holds files is `claim_explicit`'s rule), a mount point (the finished run replaces the
+    folder by renaming, which a mount point refuses), or the working folder or one that holds it."""
     if out_dir.is_dir() and os.path.ismount(out_dir):
         raise RunFolderError(f"--out {out_dir} is a mount point, which a run cannot replace; give a folder inside it")
     try:
-        check_not_dangling(out_dir, "--out")
-        check_writable(out_dir)
+        check_output(out_dir, "--out", inputs, overwrite=True)
     except UsageError as err:
         raise RunFolderError(str(err)) from None
     if Path.cwd().is_relative_to(os.path.abspath(out_dir)):

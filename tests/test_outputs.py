@@ -1,3 +1,6 @@
+import hashlib
+import importlib
+import json
 import os
 
 import cv2
@@ -136,3 +139,171 @@ def test_storyboard_wraps_into_a_grid_of_bounded_size(tmp_path):
     assert iio.imread(write_storyboard(tall, tall, tmp_path / "tall.png")).shape[0] < 2 * 800, (
         "tall frames drawn narrower"
     )
+
+
+# --- every command's outputs: checked before any work, never an input, never replaced unasked (issue #70) ---
+
+IN_AN_INPUT = [  # (module, its arguments with {in} an input folder, what it would do first, the input's name)
+    (
+        "world_model.evaluation.readout_eval",
+        ["--checkpoint", "{in}", "--data", "d", "--out", "{in}/r"],
+        "load_predictor",
+        "checkpoint",
+    ),
+    (
+        "world_model.evaluation.calibration",
+        ["--checkpoint", "{in}", "--heldout", "h", "--out", "{in}/r"],
+        "calibrate",
+        "checkpoint",
+    ),
+    ("world_model.evaluation.world_report", ["--data", "{in}", "--out", "{in}/r"], "world_report", "data folder"),
+    (
+        "world_model.benchmark.coherence_rows",
+        ["--runs", "r", "--data", "{in}", "--out", "{in}/r"],
+        "seed_record",
+        "data folder",
+    ),
+    (
+        "world_model.benchmark.sweep",
+        ["--preset", "cpu", "--data", "{in}", "--out", "{in}/r"],
+        "train_mod.train",
+        "data folder",
+    ),
+    ("world_model.training.export", ["--run", "{in}", "--out", "{in}/e", "--command", "c"], "load_model", "run"),
+    ("pipeline.pack.train_captioner", ["--data", "{in}", "--out", "{in}/r"], "train", "data folder"),
+    ("pipeline.pack.train_renderer", ["--data", "{in}", "--out", "{in}/r"], "train", "data folder"),
+    ("pipeline.hub_readout", ["--sequences", "{in}", "--out", "{in}/r"], "hub_readout", "sequences"),
+    (
+        "world_model.data.synthetic.sentences",
+        ["--checkpoint", "c", "--data", "{in}", "--json", "{in}/s.json"],
+        "score_checkpoints",
+        "data folder",
+    ),
+    (
+        "pipeline.pack.round_trip",
+        ["--renderer", "{in}", "--sentences", "s.txt", "--json", "{in}/s.json"],
+        "renderer_round_trip",
+        "renderer",
+    ),
+    ("world_model.benchmark.speed", ["--data", "{in}", "--json", "{in}/s.json"], "load_inputs", "data folder"),
+]
+
+
+def refused(module, argv, first_work, monkeypatch, capsys) -> str:
+    """The one error line of `module` run with `argv`, which must exit 2 before it calls `first_work`."""
+    main = importlib.import_module(module).main
+    monkeypatch.setattr(f"{module}.{first_work}", lambda *a, **k: pytest.fail(f"{first_work} ran before the check"))
+    capsys.readouterr()
+    assert main(argv) == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module, argv, first_work, name", IN_AN_INPUT, ids=[row[0] for row in IN_AN_INPUT])
+def test_an_output_inside_an_input_is_refused_before_any_work(
+    module, argv, first_work, name, tmp_path, monkeypatch, capsys
+):
+    given = tmp_path / "input"
+    given.mkdir()
+    (given / "kept.txt").write_text("input")
+    err = refused(module, [a.replace("{in}", str(given)) for a in argv], first_work, monkeypatch, capsys)
+    assert f"the {name} {given}, an input; write it elsewhere" in err
+    assert sorted(p.name for p in given.iterdir()) == ["kept.txt"]
+
+
+EXISTING_JSON = [  # (module, its arguments but --json, what it would do first)
+    ("world_model.data.rocstories", ["d"], "load_corpus"),
+    ("world_model.data.synthetic.sentences", ["--checkpoint", "c", "--data", "d"], "score_checkpoints"),
+    ("pipeline.pack.round_trip", ["--renderer", "r", "--sentences", "s.txt"], "renderer_round_trip"),
+    ("pipeline.bench", [], "bench_command"),
+    ("world_model.benchmark.speed", [], "load_inputs"),
+]
+
+
+@pytest.mark.parametrize("module, argv, first_work", EXISTING_JSON, ids=[row[0] for row in EXISTING_JSON])
+def test_an_existing_json_needs_overwrite(module, argv, first_work, tmp_path, monkeypatch, capsys):
+    path = tmp_path / "old.json"
+    path.write_text('{"earlier": "figures"}\n')
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    err = refused(module, [*argv, "--json", str(path)], first_work, monkeypatch, capsys)
+    assert f"error: --json {path} already exists; pass --overwrite to replace it" in err
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+    dangling = tmp_path / "link.json"
+    dangling.symlink_to(tmp_path / "nowhere" / "x.json")
+    assert "is a link to nothing" in refused(module, [*argv, "--json", str(dangling)], first_work, monkeypatch, capsys)
+
+
+def test_overwrite_replaces_an_existing_json_whole(tmp_path, capsys):
+    from tests.test_rocstories import make_folder
+    from world_model.data.rocstories import main
+
+    (tmp_path / "data").mkdir()
+    data = make_folder(tmp_path / "data")
+    path = tmp_path / "stats.json"
+    path.write_text("old")
+    assert main([str(data), "--json", str(path), "--overwrite"]) == 0
+    assert json.loads(path.read_text())["train_stories"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "stats.json"]  # no staging file left
+
+
+def test_a_report_folder_that_holds_files_needs_overwrite(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "results.json").write_text("{}")
+    argv = ["--data", str(tmp_path / "data"), "--out", str(out)]
+    err = refused("world_model.evaluation.world_report", argv, "world_report", monkeypatch, capsys)
+    assert f"--out {out} already exists; pass --overwrite to replace it" in err
+    assert (out / "results.json").read_text() == "{}"
+
+
+def test_a_run_folder_inside_an_input_is_refused(tmp_path):
+    from pipeline.run_folder import RunFolderError, run_folder
+
+    data = tmp_path / "data"
+    data.mkdir()
+    with pytest.raises(RunFolderError, match="lies inside the data folder"):
+        with run_folder(data / "run", True, inputs={"data folder": data}):
+            pytest.fail("claimed a folder inside the data")
+    assert not any(data.iterdir())
+
+
+def test_the_generator_refuses_a_dangling_split_folder(tmp_path, capsys):
+    from world_model.data.synthetic import generator
+
+    (tmp_path / "train").symlink_to(tmp_path / "gone")
+    assert generator.main(["generate", "--episodes", "1", "--out", str(tmp_path)]) == 2
+    assert "is a link to nothing" in capsys.readouterr().err
+
+
+def test_a_failed_text_or_bank_write_keeps_the_old_file(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from world_model.generation import bank_file
+    from world_model.utils.files import write_text_atomic
+
+    report, bank = tmp_path / "results.md", tmp_path / bank_file.BANK_NAME
+    report.write_text("old report")
+    bank.write_bytes(b"old bank")
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        write_text_atomic(report, "new report")
+    monkeypatch.setattr(bank_file.gzip.GzipFile, "write", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        bank_file.save_bank(tmp_path, ["a ball falls ."], [], source="test")
+    assert report.read_text() == "old report" and bank.read_bytes() == b"old bank"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([report.name, bank.name])
+
+
+def test_a_folder_replacing_a_file_leaves_nothing_of_the_file_behind(tmp_path):
+    from world_model.utils.files import replace_dir
+
+    (tmp_path / "split").write_text("a file where the folder goes")
+    staged = tmp_path / ".split.partial"
+    staged.mkdir()
+    (staged / "episodes.jsonl").write_text("{}\n")
+    replace_dir(staged, tmp_path / "split")
+    assert (tmp_path / "split" / "episodes.jsonl").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["split"]

@@ -64,7 +64,7 @@ def evaluate_world(settings: WorldEvaluation, command: str | None = None) -> dic
     parts = resolve_pack(s.pack)
     records, scenes = read_heldout(s.data, s.episodes, s.observe + s.steps)
     s = replace(s, device=str(default_device(s.device)))
-    with run_folder(Path(s.out), s.overwrite) as (out, staging):
+    with run_folder(Path(s.out), s.overwrite, inputs={"pack": s.pack, "data folder": s.data}) as (out, staging):
         scores = run_loop(parts, records, scenes, s, staging)
         results = {
             "command": command

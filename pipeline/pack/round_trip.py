@@ -15,7 +15,6 @@ from __future__ import annotations
 import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
 
 # isort: split
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,8 @@ from pipeline.presets import load_preset
 from renderers.pixel_pipeline import SOLVERS, set_solver
 from renderers.text_to_image import DiffusersRenderer
 from world_model.data.synthetic.scenes import scene_of
-from world_model.utils.cli import check_writable
+from world_model.utils.cli import check_output
+from world_model.utils.files import write_json_atomic
 from world_model.utils.flags import settings_main
 
 PIPELINE_CLASS = "renderers.pixel_pipeline:PixelTextToImagePipeline"
@@ -92,6 +92,7 @@ class RoundTripSettings:
     json: Path | None = field(
         default=None, metadata={"help": "also write the results, with every caption, to this file"}
     )
+    overwrite: bool = field(default=False, metadata={"help": "replace an existing --json file"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -108,7 +109,8 @@ def round_trip_command(settings: RoundTripSettings, command: str) -> None:
     """The command's work: render the sentences, caption the renders, print the scores (and write them, with
     `command`, this command's own line, to --json)."""
     if settings.json:
-        check_writable(settings.json, "--json")
+        inputs = {"renderer": settings.renderer, "captioner": settings.captioner, "sentences": settings.sentences}
+        check_output(settings.json, "--json", inputs, settings.overwrite)
     sentences = [line.strip() for line in settings.sentences.read_text().splitlines() if line.strip()]
     result = renderer_round_trip(
         settings.renderer,
@@ -126,7 +128,7 @@ def round_trip_command(settings: RoundTripSettings, command: str) -> None:
         + ")"
     )
     if settings.json:
-        settings.json.write_text(json.dumps({**result, "command": command}, indent=2) + "\n")
+        write_json_atomic(settings.json, {**result, "command": command})
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ from world_model.data.synthetic.simulation import STRIP_SIZE
 from world_model.text.vocab import same_sentence
 from world_model.text.word_tokenizer import build_word_tokenizer
 from world_model.training.schedule import warmup_cosine
-from world_model.utils.cli import INPUT_ERRORS, check_positive, check_range, check_writable
+from world_model.utils.cli import INPUT_ERRORS, check_output, check_positive, check_range
 from world_model.utils.files import atomic_dir, write_json_atomic
 from world_model.utils.flags import settings_main
 
@@ -370,7 +370,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def train_command(run: CaptionerRun, config: TrainConfig, command: str) -> None:
     """The command's work: set the torch threads, check the output can be written, then train."""
     torch.set_num_threads(run.threads)
-    check_writable(run.out / "metrics.json")  # before the data is read and the training starts
+    # before the data is read and the training starts; the files of an earlier run in --out are replaced
+    check_output(run.out / METRICS_FILE, "--out", {"data folder": run.data}, overwrite=True)
     train(run.data, run.out, config, max_minutes=run.max_minutes, progress=run.progress)
 
 

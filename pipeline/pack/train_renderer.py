@@ -46,8 +46,8 @@ from encoders.world_dataset import read_states
 from renderers.pixel_pipeline import PixelPipelineConfig, PixelTextToImagePipeline, build_pixel_pipeline, check_solver
 from world_model.data.synthetic.simulation import STATE_FRAMES
 from world_model.training.schedule import warmup_cosine
-from world_model.utils.cli import check_positive, check_range, check_writable
-from world_model.utils.files import atomic_dir, write_json_atomic
+from world_model.utils.cli import check_output, check_positive, check_range
+from world_model.utils.files import atomic_dir, replacing_file, write_json_atomic
 from world_model.utils.flags import settings_main
 
 PIPELINE_DIR = "pipeline"
@@ -153,8 +153,8 @@ def sample_grid(
         draw.text((2, top), text, fill="black")
         grid.paste(Image.fromarray(strip), (0, top + band))
         grid.paste(Image.fromarray(image), (width + gap, top + band))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    grid.resize((grid.width * 2, grid.height * 2), Image.Resampling.NEAREST).save(path)
+    with replacing_file(path) as staged:
+        grid.resize((grid.width * 2, grid.height * 2), Image.Resampling.NEAREST).save(staged)
 
 
 def save_pipeline(pipe: PixelTextToImagePipeline, folder: Path) -> None:
@@ -378,7 +378,7 @@ def train_command(files: RendererFiles, config: TrainConfig, model_config: Pixel
         check_solver(model_config.solver)
     except ValueError as err:
         raise ValueError(f"--{err}") from None
-    check_writable(files.out / LOG_NAME)  # before the data is read and the training starts
+    check_output(files.out / LOG_NAME, "--out", {"data folder": files.data}, overwrite=True)  # before the data is read
     train(files.data, files.out, config, model_config, limit=files.limit)
 
 

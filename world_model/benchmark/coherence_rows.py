@@ -28,7 +28,8 @@ from world_model.evaluation import story_cloze as sc
 from world_model.evaluation.seed_stats import mean_interval, paired_difference
 from world_model.models.registry import load_predictor
 from world_model.training.coherence import train_coherence_heads
-from world_model.utils.files import write_json_atomic
+from world_model.utils.cli import check_output
+from world_model.utils.files import write_json_atomic, write_text_atomic
 from world_model.utils.flags import settings_main
 
 FIGURES = ("test", "val", "recall_at_1", "recall_at_10", "mrr")  # per scorer, in the report's column order
@@ -209,8 +210,10 @@ def run_name(pair: str, row: str, seed: int) -> str:
 
 
 def coherence_rows_command(settings: CoherenceRowSettings, command: str) -> dict:
-    """The command's work: score the seeds not yet scored, then write and print the report."""
+    """The command's work: check --out, score the seeds not yet scored, then write and print the report."""
     out = Path(settings.out)
+    inputs = {"data folder": settings.data, **{f"runs folder {i + 1}": runs for i, runs in enumerate(settings.runs)}}
+    check_output(out, "--out", inputs, overwrite=True)  # a report folder that a rerun continues (seeds/ are kept)
     (out / "seeds").mkdir(parents=True, exist_ok=True)
     records = []
     for seed in settings.seeds:
@@ -231,7 +234,7 @@ def coherence_rows_command(settings: CoherenceRowSettings, command: str) -> dict
     }
     write_json_atomic(out / "results.json", results)
     report = markdown(results)
-    (out / "results.md").write_text(report)
+    write_text_atomic(out / "results.md", report)
     print(report, end="")
     return results
 

@@ -50,7 +50,7 @@ import yaml
 
 from world_model.models.four_tensor_config import FourTensorConfig
 from world_model.models.precision import PRECISIONS
-from world_model.utils.cli import UsageError, check_writable
+from world_model.utils.cli import UsageError, check_output
 from world_model.utils.files import repo_path, write_json_atomic
 from world_model.utils.flags import settings_main
 
@@ -158,6 +158,7 @@ class SpeedSettings:
     profile: bool = field(default=False, metadata={"help": "print the top operators of fp32 training and rollout"})
     profile_steps: int = field(default=5, metadata={"help": "training steps (and 20x rollout steps) profiled"})
     json: Path | None = field(default=None, metadata={"help": "also write the figures to this JSON file"})
+    overwrite: bool = field(default=False, metadata={"help": "replace an existing --json file"})
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "steps", "rounds", "batch_size", "peak_size", "rollout_repeats", "profile_steps"):
@@ -362,7 +363,7 @@ def time_checkouts(settings: SpeedSettings) -> None:
     if settings.json:  # before minutes of timing, not after
         if settings.json.is_dir():
             raise UsageError(f"--json {settings.json} is a folder; give the JSON file's path")
-        check_writable(settings.json, "--json")
+        check_output(settings.json, "--json", {"data folder": settings.data}, settings.overwrite)
     inputs = load_inputs(settings)
     with contextlib.ExitStack() as stack:
         roots = {"this": ROOT}
@@ -378,7 +379,6 @@ def time_checkouts(settings: SpeedSettings) -> None:
         for key, value in figures.items():
             print(f"{key:>42}: {value}")
         if settings.json:
-            settings.json.parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(settings.json, figures)
         if settings.profile:
             tables = workers["this"].request(op="profile", steps=settings.profile_steps, rows=15)

@@ -29,7 +29,8 @@ from world_model.training import train as train_mod
 from world_model.training.batches import load_training_windows
 from world_model.training.checkpoints import SUMMARY_FILE
 from world_model.training.config import validate_config
-from world_model.utils.files import write_json_atomic
+from world_model.utils.cli import check_output
+from world_model.utils.files import write_json_atomic, write_text_atomic
 from world_model.utils.flags import settings_main
 
 
@@ -80,6 +81,7 @@ def run_sweep(settings: SweepSettings, command: str | None = None) -> dict:
     if pair not in spec["pairs"]:
         raise BenchmarkError(f"unknown pair {pair!r} for preset {spec['name']!r}; known: {sorted(spec['pairs'])}")
     out = Path(settings.out)
+    check_output(out, "--out", {"data folder": data_dir}, overwrite=True)  # its runs/ refuse a rerun unless --resume
     rows = []
     for lr in lrs:
         for model_type in MODELS:
@@ -119,9 +121,8 @@ def run_sweep(settings: SweepSettings, command: str | None = None) -> dict:
         "chosen_lr": min(lrs, key=means.__getitem__),
         "floors": {"train_windows": floors["train_windows"], **{name: floors[name] for name in FLOORS}},
     }
-    out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "results.json", results)
-    (out / "results.md").write_text(markdown(results))
+    write_text_atomic(out / "results.md", markdown(results))
     return results
 
 

@@ -14,7 +14,6 @@ import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while 
 
 # isort: split
 import csv
-import json
 import logging
 import math
 import os
@@ -26,7 +25,8 @@ from typing import Iterator, Sequence
 import torch
 
 from world_model.text.vocab import PAD_ID, Vocabulary
-from world_model.utils.cli import check_writable
+from world_model.utils.cli import check_output
+from world_model.utils.files import write_json_atomic
 from world_model.utils.flags import SettingsParser, add_verbose, settings_main
 
 logger = logging.getLogger(__name__)
@@ -272,6 +272,7 @@ class StatisticsSettings:
     """The statistics command's flags (the data folder is its positional argument)."""
 
     json: Path | None = field(default=None, metadata={"help": "also write the statistics to this JSON file"})
+    overwrite: bool = field(default=False, metadata={"help": "replace an existing --json file"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -279,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         StatisticsSettings,
         "world_model.data.rocstories",
         "ROCStories corpus statistics (paper, section 8.1).",
-        lambda settings, args, command: statistics_command(args.data_dir, settings.json),
+        lambda settings, args, command: statistics_command(args.data_dir, settings.json, settings.overwrite),
         argv,
         arguments=add_data_dir,
     )
@@ -291,17 +292,18 @@ def add_data_dir(parser: SettingsParser) -> None:
     add_verbose(parser)
 
 
-def statistics_command(data_dir: Path, json_path: Path | None) -> None:
-    """The command's work: read the corpus, print its statistics (and write them to `json_path`)."""
+def statistics_command(data_dir: Path, json_path: Path | None, overwrite: bool = False) -> None:
+    """The command's work: read the corpus, print its statistics (and write them to `json_path`, replacing a file
+    there only with `overwrite`)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     if json_path:
-        check_writable(json_path, "--json")
+        check_output(json_path, "--json", overwrite=overwrite)
     corpus = load_corpus(data_dir)
     stats = corpus_statistics(corpus, build_vocabulary(corpus))
     for key, value in stats.items():
         print(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
     if json_path:
-        json_path.write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+        write_json_atomic(json_path, stats)
 
 
 if __name__ == "__main__":

@@ -45,8 +45,9 @@ from world_model.models.checkpoint import CheckpointError
 from world_model.models.decoding import CALIBRATION_NAME
 from world_model.models.registry import load_predictor
 from world_model.text.vocab import UnknownWordError, Vocabulary
-from world_model.utils.cli import check_range
+from world_model.utils.cli import check_output, check_range
 from world_model.utils.eval_mode import eval_mode
+from world_model.utils.files import replacing_file, write_json_atomic, write_text_atomic
 from world_model.utils.flags import settings_main
 
 BINS = 15  # reliability bins of equal width over [0, 1]
@@ -271,7 +272,8 @@ def plot(result: dict, path: Path) -> None:
         ylabel="exact probability that it is right", title="Reliability, held-out synthetic episodes",
     )  # fmt: skip
     axes.legend(loc="upper left", fontsize=8)
-    figure.savefig(path, dpi=120, bbox_inches="tight")
+    with replacing_file(Path(path)) as staged:
+        figure.savefig(staged, dpi=120, bbox_inches="tight")
 
 
 @dataclass
@@ -316,15 +318,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def calibration_command(settings: CalibrationSettings, command: str) -> None:
-    """The command's work: fit and measure, write the report (and the temperature with --save), print the table."""
+    """The command's work: check --out, fit and measure, write the report (and the temperature with --save), print
+    the table."""
+    inputs = {"checkpoint": settings.checkpoint, "held-out split": settings.heldout, "training split": settings.train}
+    check_output(settings.out, "--out", inputs, overwrite=True)  # a report folder: its three files are replaced
     result = calibrate(settings.checkpoint, settings.heldout, settings.train, settings.episodes)
-    settings.out.mkdir(parents=True, exist_ok=True)
-    (settings.out / "results.json").write_text(json.dumps({"command": command, **result}, indent=2) + "\n")
-    (settings.out / "results.md").write_text(markdown(result, command))
+    write_json_atomic(settings.out / "results.json", {"command": command, **result})
+    write_text_atomic(settings.out / "results.md", markdown(result, command))
     plot(result, settings.out / "reliability.png")
     if settings.save:
         saved = {"temperature": result["fitted_temperature"], "fitted_on": result["train"], "command": command}
-        (Path(settings.checkpoint) / CALIBRATION_NAME).write_text(json.dumps(saved, indent=2) + "\n")
+        write_json_atomic(Path(settings.checkpoint) / CALIBRATION_NAME, saved)
     print(markdown(result, command))
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
 
 # isort: split
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,8 @@ from world_model.generation.bank_file import SentenceBank, distinct_sentences, f
 from world_model.generation.sentence_bank import COHERENCE_WEIGHT, LENGTH_POWER
 from world_model.models.coherence_head import load_coherence_head
 from world_model.models.registry import load_predictor
-from world_model.utils.cli import UsageError, check_writable
+from world_model.utils.cli import UsageError, check_output
+from world_model.utils.files import write_json_atomic, write_text_atomic
 from world_model.utils.flags import settings_main
 
 COHERENCE_WEIGHTS = (0.03, 0.1, 0.3, 1.0, 3.0)  # the coherence head's weights --select --coherence compares
@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
 def readout_command(settings: ReadoutEvalSettings, command: str) -> None:
     """The command's work (see the module docstring); a UsageError for a checkpoint without a sentence bank (or
     without a coherence head, with --coherence)."""
-    check_writable(settings.out)
+    # a report folder: each mode replaces its own files
+    check_output(settings.out, "--out", {"checkpoint": settings.checkpoint}, overwrite=True)
     model, vocab, _ = load_predictor(settings.checkpoint)
     model.eval()
     corpus = load_corpus(settings.data)
@@ -152,8 +153,10 @@ def readout_command(settings: ReadoutEvalSettings, command: str) -> None:
     if settings.examples_only:
         windows = encode_windows(corpus.validation, vocab, model.config.n_tokens)
         examples = fixed_examples(model, vocab, bank, corpus.validation, windows, head)
-        (out / "examples.json").write_text(json.dumps({"command": command, "examples": examples}, indent=2) + "\n")
-        (out / "examples.md").write_text("\n".join([f"```\n{command}\n```", "", *examples_markdown(examples)]) + "\n")
+        write_json_atomic(out / "examples.json", {"command": command, "examples": examples})
+        write_text_atomic(
+            out / "examples.md", "\n".join([f"```\n{command}\n```", "", *examples_markdown(examples)]) + "\n"
+        )
     elif settings.select:
         select_settings(model, vocab, corpus, settings, command, out, head)
     else:
@@ -197,12 +200,12 @@ def select_settings(model, vocab, corpus, settings: ReadoutEvalSettings, command
         "rollout_contexts": settings.rollout_contexts,
         "results": report,
     }
-    (out / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    write_json_atomic(out / f"{name}.json", payload)
     title = (
         f"Readout settings chosen on {len(heldout)} held-out training stories (bank: the other "
         f"{len(corpus.train) - len(heldout)} stories' {len(sentences)} sentences)"
     )
-    (out / f"{name}.md").write_text(markdown(title, command, report, None))
+    write_text_atomic(out / f"{name}.md", markdown(title, command, report, None))
 
 
 def measure_readouts(
@@ -237,9 +240,9 @@ def measure_readouts(
         "results": report,
         "examples": examples,
     }
-    (out / "results.json").write_text(json.dumps(payload, indent=2) + "\n")
+    write_json_atomic(out / "results.json", payload)
     title = f"Readouts of {settings.checkpoint} on the {len(windows)} cloze contexts"
-    (out / "results.md").write_text(markdown(title, command, report, examples))
+    write_text_atomic(out / "results.md", markdown(title, command, report, examples))
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ from world_model.evaluation.world_scores import (
     score,
     seed_scores,
 )
-from world_model.utils.cli import UsageError, check_writable
+from world_model.utils.cli import UsageError, check_output
 from world_model.utils.files import atomic_dir, repo_path, write_json_atomic
 from world_model.utils.flags import settings_main
 
@@ -321,9 +321,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def report_command(settings: WorldReportSettings, command: str) -> None:
     """The command's work: check the output, measure, write the three files, print the summary table."""
     out = settings.out
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not settings.overwrite:
-        raise UsageError(f"--out {out} already exists; choose another folder or pass --overwrite")
-    check_writable(out)
+    empty_folder = out.is_dir() and not any(out.iterdir())  # nothing in it to lose
+    inputs = {"data folder": settings.data, "cache": settings.cache}
+    predictor_folders = (*settings.four_tensor, *settings.flat_baseline)
+    inputs.update({f"predictor folder {i + 1}": folder for i, folder in enumerate(predictor_folders)})
+    check_output(out, "--out", inputs, settings.overwrite or empty_folder)
     predictors = {"four_tensor": settings.four_tensor, "flat_baseline": settings.flat_baseline}
     for folder in (*settings.four_tensor, *settings.flat_baseline):
         if not Path(folder).is_dir():

@@ -18,6 +18,7 @@ from typing import Sequence
 import torch
 
 from world_model.text.vocab import PAD_ID, UnknownWordError, Vocabulary, tokenize
+from world_model.utils.files import replacing_file
 
 BANK_NAME = "sentence_bank.json.gz"  # in a predictor folder: {"sentences": [...], "names": [...], "source": ...}
 _WORD = re.compile(r"[^\W_]+(?:['\-][^\W_]+)*")
@@ -79,7 +80,7 @@ def save_bank(folder: str | os.PathLike, sentences: Sequence[str], names: Sequen
         raise ValueError("a sentence bank needs at least one sentence")
     path = Path(folder) / BANK_NAME
     payload = json.dumps({"source": source, "names": list(names), "sentences": list(sentences)}, ensure_ascii=False)
-    with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
+    with replacing_file(path) as staged, open(staged, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
         f.write(payload.encode("utf-8"))
     return path
 

@@ -32,10 +32,11 @@ import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while 
 # isort: split
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
-from world_model.generation.bank_file import SentenceBank, write_rocstories_bank
+from world_model.generation.bank_file import BANK_NAME, SentenceBank, write_rocstories_bank
 from world_model.models.coherence_head import (
     CoherenceHead,
     pooled_state,
@@ -46,6 +47,7 @@ from world_model.models.explanations import LastSliceProbe, StepExplanation, clo
 from world_model.models.generation_config import GREEDY, GenerationConfig, draw_probability
 from world_model.models.rollout import slide_rollout
 from world_model.text.vocab import PAD_ID
+from world_model.utils.cli import check_output
 from world_model.utils.flags import settings_main
 
 SAMPLE_TOP_K = 20  # sampling draws among this many best sentences unless top_k is given: over the whole bank,
@@ -261,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_bank_command(settings: BankSettings) -> None:
-    """The command's work: the bank written into the predictor folder, and its size."""
+    """The command's work: the bank written into the predictor folder (its old bank replaced), and its size."""
+    check_output(Path(settings.out) / BANK_NAME, "--out", overwrite=True)
     path = write_rocstories_bank(settings.out, settings.data, settings.stories)
     print(f"{path}: {path.stat().st_size / 1e6:.2f} MB")
 

@@ -26,7 +26,8 @@ from world_model.evaluation.floors import FLOORS
 from world_model.generation.sentence_bank import write_rocstories_bank
 from world_model.models.registry import count_parameters, load_model
 from world_model.text.vocab import Vocabulary
-from world_model.utils.cli import check_writable
+from world_model.utils.cli import check_output
+from world_model.utils.files import write_text_atomic
 from world_model.utils.flags import settings_main
 
 
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
 def export(settings: ExportSettings, command: str) -> None:
     """The command's work (`command`, this export's own command line): write the run's best epoch to --out in
     fp16, with its model card."""
-    check_writable(settings.out)
+    check_output(settings.out, "--out", {"run": settings.run, "data folder": settings.data}, overwrite=True)
     model = load_model(settings.run / "best")
     vocab = Vocabulary.load(settings.run / "best")
     history = [json.loads(line) for line in (settings.run / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -164,8 +165,8 @@ def export(settings: ExportSettings, command: str) -> None:
         }
     metrics["parameters"] = count_parameters(model)
     size = (settings.out / "model.safetensors").stat().st_size
-    (settings.out / "README.md").write_text(
-        model_card(model.config.to_dict(), run, metrics, settings.command, command, size)
+    write_text_atomic(
+        settings.out / "README.md", model_card(model.config.to_dict(), run, metrics, settings.command, command, size)
     )
     print(
         f"exported epoch {best_epoch} to {settings.out} ({size / 1e6:.1f} MB): L_S(4) {metrics['val_last_ce']:.4f}, "

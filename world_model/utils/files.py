@@ -28,8 +28,10 @@ def replace_dir(tmp_dir: Path, final_dir: Path) -> None:
         old = final_dir.with_name(f".{final_dir.name}.old-{os.getpid()}")
         os.replace(final_dir, old)
     os.replace(tmp_dir, final_dir)
-    if old is not None:
+    if old is not None and old.is_dir() and not old.is_symlink():
         shutil.rmtree(old, ignore_errors=True)
+    elif old is not None:  # a file or a link stood where the folder goes
+        old.unlink(missing_ok=True)
 
 
 @contextmanager

@@ -15,7 +15,6 @@ import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while 
 
 # isort: split
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -36,7 +35,8 @@ from world_model.data.synthetic.simulation import (
     simulate,
 )
 from world_model.text.vocab import Vocabulary, tokenize
-from world_model.utils.cli import check_range
+from world_model.utils.cli import check_output, check_range
+from world_model.utils.files import replace_dir
 from world_model.utils.flags import SettingsParser, add_verbose, settings_main
 from world_model.utils.video import write_video
 
@@ -105,17 +105,15 @@ def generate(
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     dest = Path(out_dir) / split
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())) and not overwrite:
-        raise FileExistsError(f"{dest} already exists; choose another --out or pass --overwrite")
+    empty_folder = dest.is_dir() and not any(dest.iterdir())  # nothing in it to lose
+    check_output(dest, "--out", overwrite=overwrite or empty_folder)
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{split}.partial-"))
     try:
         records = _write_episodes(staging, episodes, seed, split, scenes, seconds, fps, size)
         summary = _summary(records, seed, split, scenes, seconds, fps, size)
         (staging / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-        if dest.exists():
-            shutil.rmtree(dest) if dest.is_dir() else dest.unlink()
-        os.replace(staging, dest)
+        replace_dir(staging, dest)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -21,10 +21,8 @@ from __future__ import annotations
 import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while libraries import exits quietly)
 
 # isort: split
-import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -35,8 +33,9 @@ from world_model.models.decoding import READOUTS
 from world_model.models.generation_config import GenerationConfig
 from world_model.text.vocab import Vocabulary, same_sentence
 from world_model.text.windows import caption_window, decode_states
-from world_model.utils.cli import check_writable
+from world_model.utils.cli import check_output
 from world_model.utils.eval_mode import eval_mode
+from world_model.utils.files import write_json_atomic
 from world_model.utils.flags import settings_main
 
 
@@ -227,6 +226,7 @@ class ScoreSettings:
         default="auto", metadata={"choices": READOUTS, "help": "as in pipeline.rollout (default auto)"}
     )
     json: str | None = field(default=None, metadata={"help": "also write the results to this JSON file"})
+    overwrite: bool = field(default=False, metadata={"help": "replace an existing --json file"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -243,13 +243,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 def score_command(settings: ScoreSettings) -> None:
     """The command's work: score the checkpoints, print the table (and write the JSON)."""
     if settings.json:
-        check_writable(settings.json, "--json")
+        inputs = {"data folder": settings.data, **{f"checkpoint {i + 1}": c for i, c in enumerate(settings.checkpoint)}}
+        check_output(settings.json, "--json", inputs, settings.overwrite)
     results = score_checkpoints(
         settings.checkpoint, settings.data, settings.episodes, settings.observe, settings.steps, settings.readout
     )
     print(markdown_table(results), end="")
     if settings.json:
-        Path(settings.json).write_text(json.dumps(results, indent=2) + "\n")
+        write_json_atomic(settings.json, results)
 
 
 if __name__ == "__main__":
