@@ -40,8 +40,8 @@ from pipeline.fit_report import fit_report, markdown_table, warnings_of
 from pipeline.presets import PROJECT_ROOT
 from world_model.data.synthetic.episodes import read_episodes
 from world_model.training.config import load_config
-from world_model.utils.cli import UsageError, check_positive, check_range
-from world_model.utils.files import claimed, repo_path, write_json_atomic
+from world_model.utils.cli import UsageError, check_output, check_positive, check_range
+from world_model.utils.files import claimed, repo_path, write_json_atomic, write_text_atomic
 from world_model.utils.flags import SettingsParser, add_verbose, settings_main
 
 BASE_CONFIG = PROJECT_ROOT / "configs" / "world_model" / "world.yaml"
@@ -104,7 +104,7 @@ def fit_command(clips: Path, settings: FitSettings, command: str) -> dict:
     """The command's work: check, caption, split, train, export, score, write the card; fit.json's record."""
     out = settings.out
     source = clip_source(clips)
-    check_out(out, settings.resume, settings.overwrite)
+    check_out(out, clips, settings.resume, settings.overwrite)
     with claimed(out):
         if settings.overwrite:
             for name in MADE:
@@ -148,15 +148,17 @@ def fit_command(clips: Path, settings: FitSettings, command: str) -> dict:
             "warnings": notes,
         }
         write_json_atomic(out / "fit.json", record)
-        (out / "model_card.md").write_text(model_card(record), encoding="utf-8")
+        write_text_atomic(out / "model_card.md", model_card(record))
     print("\n".join(summary_lines(record, out)))
     return record
 
 
-def check_out(out: Path, resume: bool, overwrite: bool) -> None:
-    """A UsageError unless `out` is new, empty, or a fit that --resume continues or --overwrite replaces."""
+def check_out(out: Path, clips: Path, resume: bool, overwrite: bool) -> None:
+    """A UsageError unless `out` can be written (`check_output`: not the `clips` folder or inside it, not a link to
+    nothing) and is new, empty, or a fit that --resume continues or --overwrite replaces."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file, not a folder")
+    check_output(out, "--out", {"clips": clips}, overwrite=True)  # what it may hold is the rule below
     held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     if held and not (resume or overwrite):
         raise UsageError(
@@ -191,7 +193,7 @@ def write_split(folder: Path, clips: list[str], sequences: dict[str, list[str]])
         )
         for clip in clips
     ]
-    (folder / "episodes.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_text_atomic(folder / "episodes.jsonl", "\n".join(lines) + "\n")
 
 
 def default_config(sequences: list[list[str]]) -> dict:

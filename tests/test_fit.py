@@ -175,3 +175,8 @@ def test_the_command_refuses_bad_input_before_any_work(table, tmp_path, capsys):
     (tmp_path / "full" / "mine.txt").write_text("")
     assert fit_module.main([str(table), "--out", str(tmp_path / "full")]) == 2
     assert "is not empty (mine.txt)" in capsys.readouterr().err
+    clips = tmp_path / "clips"
+    clips.mkdir()
+    (clips / "a.mp4").write_bytes(b"")
+    assert fit_module.main([str(clips), "--out", str(clips / "predictor")]) == 2
+    assert "lies inside the clips" in capsys.readouterr().err and sorted(p.name for p in clips.iterdir()) == ["a.mp4"]
