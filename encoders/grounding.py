@@ -24,6 +24,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from world_model.utils.files import replacing_file
 from world_model.utils.hub import ModelLoadError
 
 REFERENCE_FILE = "grounding.safetensors"
@@ -76,15 +77,16 @@ class FeatureReference:
         return reference
 
     def save(self, folder: str | Path, note: str = "") -> None:
-        save_file(
-            {
-                "mean": self.mean.float(),
-                "precision": self.precision.float().contiguous(),
-                "threshold": torch.tensor([self.threshold]),
-            },
-            str(Path(folder) / REFERENCE_FILE),
-            metadata={"features": "vision encoder last hidden state, mean over tokens", "note": note},
-        )
+        """Write the reference into the captioner `folder`, staged and renamed (an old reference stays whole on a
+        failure)."""
+        tensors = {
+            "mean": self.mean.float(),
+            "precision": self.precision.float().contiguous(),
+            "threshold": torch.tensor([self.threshold]),
+        }
+        metadata = {"features": "vision encoder last hidden state, mean over tokens", "note": note}
+        with replacing_file(Path(folder) / REFERENCE_FILE) as staged:
+            save_file(tensors, staged, metadata=metadata)
 
     @classmethod
     def load(cls, folder: str | Path) -> FeatureReference | None:

@@ -35,7 +35,7 @@ from world_model.benchmark.runs import DECODE_TIMING_JSON, RESULTS_JSON
 from world_model.models.checkpoint import WEIGHTS_NAME
 from world_model.models.registry import build_model, load_model
 from world_model.training.checkpoints import BEST_DIR
-from world_model.utils.cli import UsageError
+from world_model.utils.cli import UsageError, check_output
 from world_model.utils.files import write_json_atomic
 from world_model.utils.flags import settings_main
 
@@ -94,6 +94,7 @@ def measure(settings: DecodeSettings) -> dict:
         raise UsageError("--rounds, --steps and --threads must be >= 1")
     if not (out / RESULTS_JSON).is_file():
         raise UsageError(f"--out {out} holds no {RESULTS_JSON}: run the benchmark first")
+    check_output(out / DECODE_TIMING_JSON, "--out", overwrite=True)  # writable before minutes of timing
     results = json.loads((out / RESULTS_JSON).read_text())
     if not results.get("attention"):
         raise UsageError(f"{out / RESULTS_JSON} has no attention rows (a preset with attention variants)")

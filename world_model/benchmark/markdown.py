@@ -13,6 +13,7 @@ from world_model.benchmark.preset import MODEL_LABELS, row_label, seed_suffix
 from world_model.benchmark.runs import FIGURE
 from world_model.evaluation import story_cloze as sc
 from world_model.evaluation.floors import floor_settings
+from world_model.utils.files import write_text_atomic
 
 
 # ----- formatting -----
@@ -75,7 +76,7 @@ def write_markdown(results: dict, path: Path) -> None:
         + [f"- {n}" for n in results["notes"]]
         + [""]
     )
-    path.write_text("\n".join(lines), encoding="utf-8")
+    write_text_atomic(path, "\n".join(lines))
 
 
 def settings_lines(results: dict) -> list[str]:
