@@ -14,6 +14,7 @@ os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="test-cache-")
 import signal
 
 import pytest
+import torch
 import yaml
 
 from pipeline import presets
@@ -28,6 +29,14 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 for _stop in (signal.SIGTERM, signal.SIGHUP):
     if signal.getsignal(_stop) is signal.SIG_IGN:
         signal.signal(_stop, signal.SIG_DFL)
+
+
+@pytest.fixture(autouse=True)
+def torch_threads_kept():
+    """A command run in this process may set torch's thread count (--threads); the next test gets it back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.model_factories import one_torch_thread
 from world_model.data.rocstories import CLOZE_COLUMNS, TRAIN_COLUMNS, DataError
 from world_model.evaluation.coherence import RULES
 from world_model.evaluation.evaluate import main as evaluate_main
@@ -125,9 +126,11 @@ def data_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(data_dir, tmp_path_factory):
-    """An uninterrupted 4-epoch run: (out folder, summary)."""
+    """An uninterrupted 4-epoch run on one torch thread, as the commands the resume tests start run: (out folder,
+    summary). Bit-identical results need the same thread count (a reduction splits differently over threads)."""
     out = tmp_path_factory.mktemp("reference") / "run"
-    return out, train(copy.deepcopy(TINY), data_dir, out, progress=False)
+    with one_torch_thread():
+        return out, train(copy.deepcopy(TINY), data_dir, out, progress=False)
 
 
 # ----- the stopping rule, as a pure function -----
@@ -220,7 +223,8 @@ def test_run_writes_metrics_curves_summary_and_best(reference, data_dir):
 
 def test_two_runs_give_the_same_weights(reference, data_dir, tmp_path):
     out, _ = reference
-    train(copy.deepcopy(TINY), data_dir, tmp_path / "again", progress=False)
+    with one_torch_thread():  # the reference's thread count
+        train(copy.deepcopy(TINY), data_dir, tmp_path / "again", progress=False)
     assert same_tensors(
         weights(out / "last/model/model.safetensors"), weights(tmp_path / "again/last/model/model.safetensors")
     )
@@ -233,11 +237,13 @@ def test_resume_after_sigkill_is_bit_identical(reference, data_dir, tmp_path):
     config.write_text(json.dumps(TINY))  # JSON is YAML
     out = tmp_path / "killed"
     args = ["--config", str(config), "--data", str(data_dir), "--out", str(out), "--no-progress"]
+    one_thread = {**os.environ, "OMP_NUM_THREADS": "1"}  # the reference's thread count
     proc = subprocess.Popen(
         [sys.executable, "-c", SLOW_TRAIN, "0.25", *args],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env=one_thread,
     )
     state = out / "last/state.json"
     deadline = time.monotonic() + 600  # a guard against a hang only: a loaded machine takes minutes
@@ -263,6 +269,7 @@ def test_resume_after_sigkill_is_bit_identical(reference, data_dir, tmp_path):
         cwd=REPO,
         capture_output=True,
         text=True,
+        env=one_thread,
     )
     assert resumed.returncode == 0, resumed.stderr
     for name in ("last/model/model.safetensors", "best/model.safetensors", "last/optimizer.safetensors"):
