@@ -24,23 +24,22 @@ from world_model.generation.predict import MAX_STEPS, add_sentences_and_switches
 from world_model.models.generation_config import GenerationConfig
 from world_model.utils.flags import settings_main
 
+PRESETS = [name for name in available_presets() if name != "auto"]  # auto picks captioner and renderer: not needed
+
 
 @dataclass
 class PresetPrediction:
     """Which preset's predictor the command asks, and for how many sentences."""
 
-    preset: str = field(
-        default="hub", metadata={"help": f"pipeline preset: {', '.join(available_presets()[:-1])} (default hub)"}
-    )
+    preset: str = field(default="hub", metadata={"help": f"pipeline preset: {', '.join(PRESETS)} (default hub)"})
     checkpoint: str | None = field(
         default=None, metadata={"help": "predictor folder in place of the preset's (its readout is then dropped)"}
     )
     steps: int = field(default=1, metadata={"help": f"sentences to predict (default 1, at most {MAX_STEPS})"})
 
     def __post_init__(self) -> None:
-        named = available_presets()[:-1]  # "auto" chooses captioner and renderer; a prediction needs neither
-        if self.preset not in named:
-            raise ValueError(f"--preset must be one of {', '.join(named)}, got {self.preset!r}")
+        if self.preset not in PRESETS:
+            raise ValueError(f"--preset must be one of {', '.join(PRESETS)}, got {self.preset!r}")
 
 
 def preset_for(settings: PresetPrediction) -> PipelinePreset:

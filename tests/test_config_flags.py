@@ -23,7 +23,7 @@ class Settings:
 
 
 def parse(argv):
-    (settings,) = SettingsParser(Settings, prog="prog", description="").parse(argv)
+    (settings,), _ = SettingsParser(Settings, prog="prog", description="").parse_settings(argv)
     return settings
 
 

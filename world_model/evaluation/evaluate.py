@@ -233,11 +233,11 @@ def evaluate_checkpoint(settings: EvaluateSettings, stage: Callable[[str], None]
     metrics = evaluate_windows(model, windows, batch_size, device, precision)
     n = windows.shape[2]
     halves = load_cloze_halves(data_dir)
+    folder = s.floors_cache or default_floors_cache()
     if s.floors != "none":
-        folder = s.floors_cache or default_floors_cache()
         stage(f"floors ({s.floors}): read from {folder} when fitted there on this data before, else fitted, kept there")
     train_windows = None if s.floors == "none" else training_windows(data_dir, vocab, n, train_stories)
-    floor_part = floor_results(train_windows, windows, halves, vocab, n, s.floors, s.floors_cache)
+    floor_part = floor_results(train_windows, windows, halves, vocab, n, s.floors, folder)
     stage("Story Cloze and coherence of the model")
     story_cloze = sc.story_cloze(sc.model_scorer(model, batch_size), halves, vocab, n)
     diagnostic = {

@@ -119,8 +119,9 @@ def step_explanation(
     """One bank rollout step's `StepExplanation` (on the CPU) from each window's (p, alternatives, their p, draw
     probability or None) choice, the chosen states (B, N), the per-slot log-probabilities (B, N, V) (None for a model
     without them) and the `LastSliceProbe` that watched the forward pass."""
-    p, alts, p_alts = (torch.cat(parts) for parts in list(zip(*choices))[:3])
-    drawn = None if choices[0][3] is None else torch.cat([choice[3] for choice in choices])
+    p, alts, p_alts, drawn = zip(*choices)
+    p, alts, p_alts = torch.cat(p), torch.cat(alts), torch.cat(p_alts)
+    drawn = None if drawn[0] is None else torch.cat(drawn)
     seen = {} if log_probs is None else probe.attribution(state.to(log_probs.device), log_probs, PAD_ID)
     seen = {k: None if v is None else v.cpu() for k, v in seen.items()}
     return StepExplanation(p, alts, p_alts, **seen, draw_probability=drawn)

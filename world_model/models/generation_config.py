@@ -119,24 +119,26 @@ def sample_ids(
     """
     if temperature <= 0:
         return logits.argmax(dim=-1)
+    probs = draw_distribution(logits, temperature, top_k)
+    return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator).view(probs.shape[:-1])
+
+
+def draw_distribution(logits: torch.Tensor, temperature: float, top_k: int | None = None) -> torch.Tensor:
+    """What `sample_ids` draws from at `temperature` (> 0): softmax(logits / temperature) within the top_k entries of
+    each row (ties with the k-th entry stay in); logits (..., V) -> probabilities (..., V)."""
     logits = logits.float() / temperature
     if top_k is not None:
         kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator).view(probs.shape[:-1])
+    return logits.softmax(dim=-1)
 
 
 def draw_probability(
     logits: torch.Tensor, chosen: torch.Tensor, temperature: float, top_k: int | None = None
 ) -> torch.Tensor:
     """The probability (...) with which `sample_ids` at `temperature` (> 0) and `top_k` draws the ids `chosen` (...)
-    from logits (..., V): softmax(logits / temperature) within the top_k entries, at the chosen id."""
-    logits = logits.float() / temperature
-    if top_k is not None:
-        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    return logits.softmax(dim=-1).gather(-1, chosen.long()[..., None])[..., 0]
+    from logits (..., V)."""
+    return draw_distribution(logits, temperature, top_k).gather(-1, chosen.long()[..., None])[..., 0]
 
 
 def after_first(is_stop: torch.Tensor) -> torch.Tensor:

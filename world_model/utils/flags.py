@@ -139,18 +139,13 @@ class SettingsParser(argparse.ArgumentParser):
             for field in filter(has_flag, dataclasses.fields(settings_type)):
                 add_setting(target, field, without_none(kinds[field.name]))
 
-    def parse(self, argv: Sequence[str] | None, usage_on_bad_setting: bool = True) -> tuple:
-        """The settings dataclasses filled from `argv` (None: sys.argv), in the order given to the parser, then a
-        namespace of the other arguments if the command added any. An unknown flag or a value of the wrong type
-        exits 2 with the usage message; so does a setting its dataclass refuses (a ValueError from its checks),
-        unless `usage_on_bad_setting` is False: then the ValueError is raised for the command to report."""
-        settings, rest = self.parse_settings(argv, usage_on_bad_setting)
-        return (*settings, rest) if vars(rest) else settings
-
     def parse_settings(
         self, argv: Sequence[str] | None, usage_on_bad_setting: bool = True
     ) -> tuple[tuple, argparse.Namespace]:
-        """`parse`'s settings, and the namespace of the other arguments (empty when there are none)."""
+        """The settings dataclasses filled from `argv` (None: sys.argv), in the order given to the parser, and a
+        namespace of the other arguments (empty when there are none). An unknown flag or a value of the wrong type
+        exits 2 with the usage message; so does a setting its dataclass refuses (a ValueError from its checks),
+        unless `usage_on_bad_setting` is False: then the ValueError is raised for the command to report."""
         namespace, unknown = self.parse_known_args(None if argv is None else list(argv))
         try:
             settings = tuple(settings_from(namespace, settings_type) for settings_type in self.settings_types)
