@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, fields, is_dataclass
 from pathlib import Path
 
 from encoders.grounding import Grounding
+from world_model.utils.files import write_json_atomic
 
 
 @dataclass
@@ -184,8 +185,8 @@ class RolloutRecord:
         return asdict(self)
 
     def write(self, path: Path) -> None:
-        """Write the record to `path` (indented, non-ASCII kept)."""
-        Path(path).write_text(json.dumps(self.to_json(), indent=2, ensure_ascii=False) + "\n")
+        """Write the record to `path` (indented, non-ASCII kept), staged and renamed."""
+        write_json_atomic(path, self.to_json(), ensure_ascii=False)
 
 
 def load(kind, value, where: str):
