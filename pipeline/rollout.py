@@ -164,7 +164,7 @@ def run_in(
         window = caption_window([s.caption for s in states], predictor.vocab, c.n_states, c.n_tokens)
         predictions = predict(predictor, readout, window, states, steps, generation, plan.device)
     with timed(timings, "render"):
-        init = images[-1] if output.init_from_last_frame else None
+        init = images[-1] if output.init_from_last_frame or ren.continues else None
         rendered = render_states(ren, [q.sentences for q in predictions], generation.seed, init, report)
     with timed(timings, "write_outputs"):
         report(0.9, "writing outputs")
@@ -247,7 +247,9 @@ def render_states(
     ren, futures: list[list[str]], seed: int, init: np.ndarray | None, report: Progress
 ) -> list[list[np.ndarray]]:
     """Render each sample's sentences one state at a time (sample k with seed + k), with a progress bar
-    on stderr and `report` after every state; (H, W, 3) uint8 images per [sample][step]."""
+    on stderr and `report` after every state; (H, W, 3) uint8 images per [sample][step]. Each render starts from
+    `init` (the last observed image, or None); a renderer that `continues` the image before it gets the sample's
+    previous render instead, from its second state on."""
     total = sum(len(f) for f in futures)
     rendered, done = [], 0
     with tqdm(total=total, desc="rendering", unit="state", disable=None) as bar:
@@ -255,7 +257,8 @@ def render_states(
             images = []
             for sentence in sentences:
                 report(0.6 + 0.3 * done / total, f"rendering predicted state {done + 1} of {total}")
-                images += ren([sentence], seed=seed + k, init_images=None if init is None else [init])
+                before = images[-1] if ren.continues and images else init
+                images += ren([sentence], seed=seed + k, init_images=None if before is None else [before])
                 done += 1
                 bar.update()
             rendered.append(images)

@@ -32,12 +32,14 @@ from typing import Iterable
 import numpy as np
 import torch
 import torch.nn.functional as F
-from diffusers import DiffusionPipeline, DPMSolverMultistepScheduler, ImagePipelineOutput, UNet2DConditionModel
+from diffusers import DiffusionPipeline, ImagePipelineOutput, UNet2DConditionModel
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.utils.torch_utils import randn_tensor
+from PIL import Image
 from transformers import CLIPTextConfig, CLIPTextModel, PreTrainedTokenizerBase
 
-from world_model.data.synthetic.simulation import STRIP_SIZE
+from renderers.pixel_scheduler import make_scheduler
+from world_model.data.synthetic.simulation import STATE_FRAMES, STRIP_SIZE
 from world_model.text.word_tokenizer import build_word_tokenizer
 from world_model.utils.cli import check_range
 
@@ -46,12 +48,15 @@ from world_model.utils.cli import check_range
 class PixelPipelineConfig:
     """Sizes of a ``PixelTextToImagePipeline`` built from scratch."""
 
-    sample_size: tuple[int, int] = field(  # (height, width) in pixels of the images it renders by default
-        default=STRIP_SIZE,
-        metadata={"flag": False},  # the training strips' size, not a command-line setting
+    frame_size: int = STRIP_SIZE[0]  # pixels a side of one frame of a state strip: it renders and trains on
+    # strips of (frame_size, STATE_FRAMES * frame_size) pixels
+    sample_size: tuple[int, int] | None = field(  # (height, width) in pixels of the images it renders by default
+        default=None,  # None: a state strip of frame_size frames
+        metadata={"flag": False},  # follows --frame-size; set directly only to build other shapes
     )
     patch_size: int = 2  # the UNet sees patch_size x patch_size pixel patches as 3 * patch_size**2 channels
     strip_frames: int = 0  # frames side by side in an image, read as coordinate channels (0: none)
+    previous_strip: bool = False  # the UNet also reads the strip of the second before (what it continues)
     block_out_channels: tuple[int, ...] = (32, 64, 128)  # one UNet level each; every level after the first halves H, W
     layers_per_block: int = 1
     attention_levels: int = 2  # the last (coarsest) levels with cross-attention to the text, besides the middle block
@@ -69,6 +74,10 @@ class PixelPipelineConfig:
     solver: str = "sde-dpmsolver++"  # one of SOLVERS; the stochastic one, chosen by pipeline.pack.round_trip
 
     def __post_init__(self) -> None:
+        check_range("--frame-size", self.frame_size, 1)
+        if self.sample_size is None:
+            self.sample_size = (self.frame_size, STATE_FRAMES * self.frame_size)
+        self.sample_size = tuple(self.sample_size)
         self.block_out_channels = tuple(self.block_out_channels)
         if not self.block_out_channels or min(self.block_out_channels) < 1:
             raise ValueError(f"--block-out-channels must be one or more positive widths, got {self.block_out_channels}")
@@ -107,13 +116,14 @@ class PixelTextToImagePipeline(DiffusionPipeline):
         default_guidance_scale: float = 3.0,
         patch_size: int = 1,
         strip_frames: int = 0,
+        previous_strip: bool = False,
     ):
         super().__init__()
         channels = 3 * patch_size**2
-        expected = (channels + (3 if strip_frames else 0), channels)
+        expected = (channels * (2 if previous_strip else 1) + (3 if strip_frames else 0), channels)
         if (unet.config.in_channels, unet.config.out_channels) != expected:
             raise ValueError(
-                f"patch_size {patch_size} and strip_frames {strip_frames} need a UNet with "
+                f"patch_size {patch_size}, strip_frames {strip_frames} and previous_strip {previous_strip} need a UNet with "
                 f"{expected[0]}/{expected[1]} in/out channels, got "
                 f"{unet.config.in_channels}/{unet.config.out_channels}"
             )
@@ -123,6 +133,7 @@ class PixelTextToImagePipeline(DiffusionPipeline):
             default_guidance_scale=default_guidance_scale,
             patch_size=patch_size,
             strip_frames=strip_frames,
+            previous_strip=previous_strip,
         )
 
     @classmethod
@@ -180,18 +191,37 @@ class PixelTextToImagePipeline(DiffusionPipeline):
         return output.last_hidden_state, tokens["attention_mask"], output.pooler_output
 
     def predict(
-        self, sample: torch.Tensor, timestep: torch.Tensor | int, text: tuple[torch.Tensor, ...]
+        self,
+        sample: torch.Tensor,
+        timestep: torch.Tensor | int,
+        text: tuple[torch.Tensor, ...],
+        previous: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The UNet's output (B, 3, H, W) for noisy images ``sample`` (B, 3, H, W) given ``encode_prompt`` output."""
+        """The UNet's output (B, 3, H, W) for noisy images ``sample`` (B, 3, H, W) given ``encode_prompt`` output and,
+        for a pipeline with ``previous_strip``, the strips they continue, ``previous`` (B, 3, H, W) in [-1, 1] (None or
+        zeros: none)."""
         hidden, mask, pooled = text
         p = self.config.patch_size
-        patches = F.pixel_unshuffle(sample, p) if p > 1 else sample  # (B, 3 p^2, H / p, W / p)
+        if self.config.get("previous_strip", False):
+            sample = torch.cat([sample, torch.zeros_like(sample) if previous is None else previous.to(sample)], dim=1)
+        patches = F.pixel_unshuffle(sample, p) if p > 1 else sample  # (B, C p^2, H / p, W / p)
         if self.config.strip_frames:
             patches = torch.cat([patches, self.coordinates(patches)], dim=1)
         output = self.unet(
             patches, timestep, encoder_hidden_states=hidden, encoder_attention_mask=mask, class_labels=pooled
         ).sample
         return F.pixel_shuffle(output, p) if p > 1 else output
+
+    def image_batch(self, images: list[np.ndarray], count: int, height: int, width: int, name: str) -> torch.Tensor:
+        """``count`` (H', W', 3) uint8 RGB images -> (count, 3, height, width) in [-1, 1] (bilinear resize)."""
+        if len(images) != count:
+            raise ValueError(f"{len(images)} {name} images for {count} prompts")
+        resized = [
+            np.asarray(Image.fromarray(np.asarray(i, dtype=np.uint8)).resize((width, height), Image.BILINEAR))
+            for i in images
+        ]
+        batch = torch.from_numpy(np.stack(resized)).permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
+        return batch.to(self.device, self.unet.dtype)
 
     def coordinates(self, patches: torch.Tensor) -> torch.Tensor:
         """Coordinate channels (B, 3, h, w) for a batch of (B, C, h, w) patch grids: the row, the column within
@@ -222,6 +252,9 @@ class PixelTextToImagePipeline(DiffusionPipeline):
         generator: torch.Generator | list[torch.Generator] | None = None,
         output_type: str = "np",
         return_dict: bool = True,
+        previous: list[np.ndarray] | None = None,
+        image: list[np.ndarray] | None = None,
+        strength: float = 1.0,
     ) -> ImagePipelineOutput | tuple:
         """Render one image per prompt.
 
@@ -235,6 +268,11 @@ class PixelTextToImagePipeline(DiffusionPipeline):
             generator: torch generator(s) for the initial noise (one per prompt, or one for all).
             output_type: ``"np"`` (a (B, H, W, 3) float array in [0, 1]) or ``"pil"`` (a list of images).
             return_dict: return an ``ImagePipelineOutput`` (else a one-element tuple).
+            previous: for a pipeline with ``previous_strip``, the strip each image continues, one (H', W', 3) uint8
+                RGB image per prompt (resized to the output size); None renders without one.
+            image, strength: start from these images (one (H', W', 3) uint8 RGB image per prompt) noised to
+                ``strength`` in (0, 1] of the schedule, running that fraction of the steps (SDEdit); 1 or no
+                ``image``: from pure noise.
         """
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         if not prompts or not all(isinstance(p, str) for p in prompts):
@@ -242,6 +280,10 @@ class PixelTextToImagePipeline(DiffusionPipeline):
         if output_type not in ("np", "pil"):
             raise ValueError(f"output_type must be 'np' or 'pil', got {output_type!r}")
         height, width = self.check_size(height, width)
+        if not 0 < strength <= 1:
+            raise ValueError(f"strength must be in (0, 1], got {strength}")
+        context = None if previous is None else self.image_batch(previous, len(prompts), height, width, "previous")
+        start = None if image is None else self.image_batch(image, len(prompts), height, width, "image")
         steps = num_inference_steps or self.config.default_num_inference_steps
         scale = self.config.default_guidance_scale if guidance_scale is None else guidance_scale
         guided = scale > 1
@@ -250,13 +292,22 @@ class PixelTextToImagePipeline(DiffusionPipeline):
         if guided:
             empty = self.encode_prompt([""] * len(prompts))
             text = tuple(torch.cat([u, c]) for u, c in zip(empty, text))
+        if context is not None and guided:
+            context = torch.cat([context, context])
         shape = (len(prompts), 3, height, width)
-        image = randn_tensor(shape, generator=generator, device=self.device, dtype=self.unet.dtype)
+        noise = randn_tensor(shape, generator=generator, device=self.device, dtype=self.unet.dtype)
         self.scheduler.set_timesteps(steps, device=self.device)
-        image = image * self.scheduler.init_noise_sigma
-        for t in self.progress_bar(self.scheduler.timesteps):
+        timesteps = self.scheduler.timesteps
+        if start is None or strength == 1:
+            image = noise * self.scheduler.init_noise_sigma
+        else:
+            skip = steps - max(1, round(steps * strength))
+            timesteps = timesteps[skip:]
+            self.scheduler.set_begin_index(skip)
+            image = self.scheduler.add_noise(start, noise, timesteps[:1])
+        for t in self.progress_bar(timesteps):
             model_input = self.scheduler.scale_model_input(torch.cat([image] * 2) if guided else image, t)
-            output = self.predict(model_input, t, text)
+            output = self.predict(model_input, t, text, context)
             if guided:
                 unconditional, conditional = output.chunk(2)
                 output = unconditional + scale * (conditional - unconditional)
@@ -266,39 +317,6 @@ class PixelTextToImagePipeline(DiffusionPipeline):
         if output_type == "pil":
             images = self.numpy_to_pil(images)
         return ImagePipelineOutput(images=images) if return_dict else (images,)
-
-
-SOLVERS = ("sde-dpmsolver++", "dpmsolver++")  # DPM-Solver++ (2M) with fresh noise at each step, or the ODE one
-
-
-def check_solver(solver: str) -> str:
-    """``solver`` itself if it is one of ``SOLVERS``, else a ``ValueError`` that lists them."""
-    if solver not in SOLVERS:
-        raise ValueError(f"solver must be one of {', '.join(SOLVERS)}, got {solver!r}")
-    return solver
-
-
-def make_scheduler(
-    num_train_timesteps: int = 1000, prediction_type: str = "sample", solver: str = "sde-dpmsolver++"
-) -> DPMSolverMultistepScheduler:
-    """DPM-Solver++ (2M, ``solver`` one of ``SOLVERS``) on the cosine schedule, sampling from pure noise
-    ("trailing" timesteps) and clipping the predicted clean image to [-1, 1] (dynamic thresholding)."""
-    return DPMSolverMultistepScheduler(
-        num_train_timesteps=num_train_timesteps,
-        beta_schedule="squaredcos_cap_v2",
-        prediction_type=prediction_type,
-        timestep_spacing="trailing",
-        thresholding=True,
-        dynamic_thresholding_ratio=0.995,
-        sample_max_value=1.0,
-        final_sigmas_type="zero",
-        algorithm_type=check_solver(solver),
-    )
-
-
-def set_solver(pipe: PixelTextToImagePipeline, solver: str) -> None:
-    """Switch ``pipe``'s DPM-Solver++ scheduler to ``solver`` (one of ``SOLVERS``), keeping its other settings."""
-    pipe.scheduler = DPMSolverMultistepScheduler.from_config(pipe.scheduler.config, algorithm_type=check_solver(solver))
 
 
 def build_pixel_pipeline(
@@ -331,7 +349,7 @@ def build_pixel_pipeline(
     unet = UNet2DConditionModel(
         sample_size=tuple(size // p for size in config.sample_size),
         out_channels=3 * p**2,
-        in_channels=3 * p**2 + (3 if config.strip_frames else 0),
+        in_channels=3 * p**2 * (2 if config.previous_strip else 1) + (3 if config.strip_frames else 0),
         resnet_time_scale_shift="scale_shift" if config.scale_shift else "default",
         block_out_channels=tuple(config.block_out_channels),
         layers_per_block=config.layers_per_block,
@@ -355,4 +373,5 @@ def build_pixel_pipeline(
         default_guidance_scale=config.guidance_scale,
         patch_size=p,
         strip_frames=config.strip_frames,
+        previous_strip=config.previous_strip,
     )

@@ -74,6 +74,7 @@ def known_settings(pipeline: DiffusionPipeline) -> dict:
 
 class Renderer(Protocol):
     name: str
+    continues: bool  # whether an image is drawn to continue the one before it (the loop then always passes it)
 
     def __call__(
         self, prompts: list[str], seed: int = 0, init_images: list[np.ndarray] | None = None
@@ -89,6 +90,11 @@ class DiffusersRenderer:
     Every prompt starts from the same seed, so an image depends only on (prompt, seed, init image)
     and not on its position in the list; on CPU the result is bit-for-bit reproducible.  The
     pipeline's progress bar is disabled; callers show their own progress.
+
+    An init image is what the image continues: a pipeline that reads the image before it (the offline pack's
+    renderer with ``previous_strip``; ``continues`` is then True) gets it as ``previous``; any other pipeline
+    starts image-to-image from it at ``strength`` (its own ``image``/``strength`` arguments where its call takes
+    them, else diffusers' image-to-image counterpart).
     """
 
     def __init__(self, pipeline: DiffusionPipeline, name: str, settings: dict, strength: float = 0.6):
@@ -99,6 +105,11 @@ class DiffusersRenderer:
         self.settings = settings  # keyword arguments for every pipeline call
         self.strength = strength
         self._image_to_image: DiffusionPipeline | None = None
+
+    @property
+    def continues(self) -> bool:
+        """Whether the pipeline draws each image to continue the one before it (reads a ``previous`` image)."""
+        return bool(self.pipeline.config.get("previous_strip", False))
 
     @classmethod
     def from_pretrained(
@@ -171,6 +182,12 @@ class DiffusersRenderer:
         return images
 
     def _render_from(self, init_image: np.ndarray, prompt: str, generator: torch.Generator):
+        if self.continues:
+            return _call(self.pipeline, prompt=prompt, previous=[init_image], generator=generator, output_type="np",
+                         **self.settings)  # fmt: skip
+        if {"image", "strength"} <= set(inspect.signature(self.pipeline.__call__).parameters):
+            return _call(self.pipeline, prompt=prompt, image=[init_image], strength=self.strength,
+                         generator=generator, output_type="np", **self.settings)  # fmt: skip
         image = Image.fromarray(init_image)
         if "height" in self.settings and "width" in self.settings:
             image = image.resize((self.settings["width"], self.settings["height"]), Image.Resampling.LANCZOS)

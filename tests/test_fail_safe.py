@@ -46,6 +46,7 @@ def slow_renderer(*args):
     def render(prompts, seed=0, init_images=None):
         Path(sys.argv[1]).touch()
         time.sleep(60)
+    render.continues = False
     return render
 
 rollout.load_renderer = slow_renderer

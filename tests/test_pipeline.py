@@ -196,6 +196,7 @@ def test_interrupted_run_leaves_no_half_written_folder(models, clip, tmp_path, m
         def render(prompts, seed=0, init_images=None):
             raise KeyboardInterrupt
 
+        render.continues = False
         return render
 
     monkeypatch.setattr(rollout_module, "load_renderer", broken_renderer)

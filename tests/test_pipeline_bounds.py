@@ -66,6 +66,7 @@ def test_a_stop_signal_mid_run_removes_the_staging_folder(parts, tmp_path, monke
             os.kill(os.getpid(), signum)  # as Ctrl-C, `kill PID` or a closed terminal would
             raise AssertionError("the signal did not stop the run")
 
+        render.continues = False
         return render
 
     monkeypatch.setattr(rollout_module, "load_renderer", signalled_renderer)

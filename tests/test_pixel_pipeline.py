@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -6,6 +7,7 @@ import torch
 from safetensors import safe_open
 
 from pipeline.pack.train_renderer import diffusion_loss, main, motion_mask, save_pipeline, to_model_range
+from pipeline.rollout import render_states
 from renderers.pixel_pipeline import PixelPipelineConfig, PixelTextToImagePipeline, build_pixel_pipeline
 from renderers.text_to_image import DiffusersRenderer
 from tests.model_factories import one_torch_thread
@@ -111,7 +113,7 @@ def test_sizes_guidance_and_output_types(pipe):
 
 
 def test_the_stochastic_solver_draws_its_noise_from_the_callers_generator(pipe):
-    from renderers.pixel_pipeline import set_solver
+    from renderers.pixel_scheduler import set_solver
 
     assert pipe.scheduler.config.algorithm_type == "sde-dpmsolver++"
     render = lambda seed: pipe(SENTENCES[0], generator=torch.Generator().manual_seed(seed)).images  # noqa: E731
@@ -240,3 +242,129 @@ def test_training_command_saves_a_loadable_pipeline(tmp_path):
     assert renderer.pipeline.config.default_num_inference_steps == 2 and renderer.pipeline.config.strip_frames == 3
     assert renderer.pipeline.unet.config.resnet_time_scale_shift == "scale_shift"
     assert renderer(["the small red ball falls toward the floor."])[0].shape == (48, 144, 3)
+
+
+TRAIN_FLAGS = ["--batch-size", "2", "--warmup-steps", "2", "--log-every", "1", "--max-minutes", "100000", *TINY_FLAGS]
+
+
+@pytest.fixture(scope="module")
+def tiny_world(tmp_path_factory):
+    world = tmp_path_factory.mktemp("world")
+    generate(2, seed=0, out_dir=world, size=48, seconds=2)
+    generate(1, seed=0, out_dir=world, split="heldout", size=48, seconds=2)
+    return world
+
+
+def unet_weights(run):
+    with safe_open(run / "pipeline" / "unet" / "diffusion_pytorch_model.safetensors", "pt") as f:
+        return {k: f.get_tensor(k).float() for k in f.keys()}
+
+
+def test_a_stopped_run_resumed_ends_where_an_unbroken_one_does(tmp_path, tiny_world):
+    unbroken, stopped = tmp_path / "unbroken", tmp_path / "stopped"
+    main(["--data", str(tiny_world), "--out", str(unbroken), "--max-steps", "6", *TRAIN_FLAGS])
+    main(["--data", str(tiny_world), "--out", str(stopped), "--max-steps", "3", *TRAIN_FLAGS])
+    assert json.loads((stopped / "train_log.json").read_text())["steps"] == 3
+    main(["--data", str(tiny_world), "--out", str(stopped), "--max-steps", "6", "--resume", *TRAIN_FLAGS])
+    log = json.loads((stopped / "train_log.json").read_text())
+    assert log["steps"] == 6 and [e["step"] for e in log["loss"]] == [1, 2, 3, 4, 5, 6]
+    a, b = unet_weights(unbroken), unet_weights(stopped)
+    assert a.keys() == b.keys()
+    assert all(torch.allclose(a[k], b[k], atol=2e-3) for k in a)  # the moving averages, saved in float16
+    first = json.loads((unbroken / "train_log.json").read_text())["loss"]
+    assert [e["loss"] for e in log["loss"]] == pytest.approx([e["loss"] for e in first], rel=1e-3)
+
+
+def test_resume_refuses_changed_settings_and_a_folder_without_a_state(tmp_path, tiny_world, capsys):
+    run = tmp_path / "run"
+    assert main(["--data", str(tiny_world), "--out", str(run), "--resume", *TRAIN_FLAGS]) == 2
+    assert "holds no resume state" in capsys.readouterr().err
+    main(["--data", str(tiny_world), "--out", str(run), "--max-steps", "2", *TRAIN_FLAGS])
+    before = unet_weights(run)
+    code = main(["--data", str(tiny_world), "--out", str(run), "--resume", "--max-steps", "4", *TRAIN_FLAGS,
+                 "--lr", "0.5"])  # fmt: skip
+    assert code != 0 and "--lr differ from the run" in capsys.readouterr().err
+    assert all(torch.equal(before[k], w) for k, w in unet_weights(run).items())  # nothing overwritten
+
+
+def test_frame_size_sets_the_strips_the_renderer_trains_on_and_draws(tmp_path, tiny_world):
+    out = tmp_path / "run"
+    main(["--data", str(tiny_world), "--out", str(out), "--max-steps", "1", "--frame-size", "32", *TRAIN_FLAGS])
+    renderer = DiffusersRenderer.from_pretrained(out / "pipeline", pipeline_class=CLASS_PATH)
+    assert renderer(["the small red ball falls toward the floor."])[0].shape == (32, 96, 3)
+    assert PixelPipelineConfig(frame_size=96).sample_size == (96, 288)
+
+
+def test_a_previous_strip_pipeline_reads_the_strip_it_continues():
+    pipe = build_pixel_pipeline(SENTENCES, replace(TINY, previous_strip=True))
+    assert pipe.unet.config.in_channels == 2 * 3 * 2**2 + 3
+    rng = np.random.default_rng(0)
+    a, b = (rng.integers(0, 256, (48, 144, 3), dtype=np.uint8) for _ in range(2))
+    zeros = np.full((48, 144, 3), 127.5)  # 0 in the model's range
+
+    def render(previous):
+        return pipe(SENTENCES[:1], generator=torch.Generator().manual_seed(0), previous=previous).images[0]
+
+    assert not np.allclose(render([a]), render([b]))
+    assert np.allclose(render(None), render([zeros]), atol=1e-2)
+    with pytest.raises(ValueError, match="2 previous images for 1 prompts"):
+        render([a, b])
+
+
+def test_starting_from_an_image_runs_that_fraction_of_the_steps_from_it_noised(pipe, monkeypatch):
+    init = np.random.default_rng(1).integers(0, 256, (48, 144, 3), dtype=np.uint8)
+    target = torch.from_numpy(init).permute(2, 0, 1).float().div(127.5).sub(1).flatten()
+    calls = []
+
+    def record(sample, t, text, previous=None):
+        calls.append((sample[0].flatten().clone(), int(t)))
+        return torch.zeros_like(sample)
+
+    monkeypatch.setattr(pipe, "predict", record)
+
+    def first_input(strength):
+        calls.clear()
+        pipe(SENTENCES[:1], num_inference_steps=10, guidance_scale=1.0, generator=torch.Generator().manual_seed(0),
+             image=[init], strength=strength)  # fmt: skip
+        return len(calls), float(torch.corrcoef(torch.stack([calls[0][0], target]))[0, 1]), calls[0][1]
+
+    steps, likeness, t = first_input(0.3)
+    assert steps == 3 and t == int(pipe.scheduler.timesteps[7])
+    signal = pipe.scheduler.alphas_cumprod[t] * target.var()  # x_t = a x + s e: its correlation with x
+    assert likeness == pytest.approx(float((signal / (signal + 1 - pipe.scheduler.alphas_cumprod[t])).sqrt()), abs=0.03)
+    steps, likeness, _ = first_input(1.0)
+    assert steps == 10 and abs(likeness) < 0.1  # pure noise
+    with pytest.raises(ValueError, match="strength must be in"):
+        first_input(0.0)
+
+
+def test_training_with_previous_strips_saves_a_pipeline_that_reads_them(tmp_path, tiny_world):
+    out = tmp_path / "run"
+    main(["--data", str(tiny_world), "--out", str(out), "--max-steps", "2", "--previous-strip", *TRAIN_FLAGS])
+    renderer = DiffusersRenderer.from_pretrained(out / "pipeline", pipeline_class=CLASS_PATH)
+    assert renderer.pipeline.config.previous_strip
+    previous = np.zeros((48, 144, 3), dtype=np.uint8)
+    assert renderer.pipeline(SENTENCES[:1], previous=[previous]).images[0].shape == (48, 144, 3)
+
+
+def test_the_renderer_passes_a_continuing_pipeline_the_image_before_and_the_loop_chains_them(tmp_path):
+    folder = tmp_path / "pipeline"
+    save_pipeline(build_pixel_pipeline(SENTENCES, replace(TINY, previous_strip=True)), folder)
+    renderer = DiffusersRenderer.from_pretrained(folder, pipeline_class=CLASS_PATH)
+    assert renderer.continues
+    rng = np.random.default_rng(0)
+    a, b = (rng.integers(0, 256, (48, 144, 3), dtype=np.uint8) for _ in range(2))
+    from_a = renderer(SENTENCES[:1], seed=3, init_images=[a])[0]
+    assert not np.array_equal(from_a, renderer(SENTENCES[:1], seed=3, init_images=[b])[0])
+    direct = renderer.pipeline(SENTENCES[:1], generator=torch.Generator().manual_seed(3), previous=[a]).images[0]
+    assert np.array_equal(from_a, (direct * 255).round().astype(np.uint8))
+
+    seen = []
+
+    def continuing(prompts, seed=0, init_images=None):
+        seen.append(None if init_images is None else int(init_images[0][0, 0, 0]))
+        return [np.full((4, 4, 3), len(seen), dtype=np.uint8)]
+
+    continuing.continues = True
+    render_states(continuing, [["x", "y", "z"]], 0, np.full((4, 4, 3), 99, dtype=np.uint8), lambda *a: None)
+    assert seen == [99, 1, 2]  # the last observed image, then each render the one before

@@ -23,7 +23,7 @@ from typing import Sequence
 from encoders.captioner import HFCaptioner
 from pipeline.pack.world_loop import accuracy_by_scene, render_all, round_trip
 from pipeline.presets import load_preset
-from renderers.pixel_pipeline import SOLVERS, set_solver
+from renderers.pixel_scheduler import SOLVERS, set_solver
 from renderers.text_to_image import DiffusersRenderer
 from world_model.data.synthetic.scenes import scene_of
 from world_model.utils.cli import check_output

@@ -1,13 +1,23 @@
-"""The captioner's view of a state strip: uint8 strips to [0, 1] floats and to the ViT's normalised pixels (exactly
-what its image processor computes), and the training-time augmentation."""
+"""State strips as images: the captioner's view of one (uint8 strips to [0, 1] floats and to the ViT's normalised
+pixels, exactly what its image processor computes), its training-time augmentation, and the renderer trainer's grid of
+real strips beside their renderings."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image, ImageDraw
 from transformers import ViTImageProcessor
 
 from world_model.data.synthetic.simulation import STRIP_SIZE
+from world_model.utils.files import replacing_file
+
+if TYPE_CHECKING:
+    from renderers.pixel_pipeline import PixelTextToImagePipeline
 
 
 def strip_image_processor() -> ViTImageProcessor:
@@ -54,3 +64,22 @@ def augment(unit: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     ).reshape(batch, channels, height, width)
     out = out + uniform(0.0, 0.05, 1, 1, 1) * torch.randn(out.shape, generator=generator)
     return out.clamp(0, 1)
+
+
+def sample_grid(
+    pipe: PixelTextToImagePipeline, real: np.ndarray, sentences: list[str], path: Path, seed: int = 0
+) -> None:
+    """Write a PNG: one row per sentence, its real strip (left) beside a rendering (right), under its text."""
+    rendered = pipe(sentences, generator=torch.Generator().manual_seed(seed), output_type="np").images
+    rendered = (rendered * 255).round().astype(np.uint8)
+    height, width = real.shape[1:3]
+    band, gap = 12, 4
+    grid = Image.new("RGB", (2 * width + gap, len(sentences) * (height + band)), "white")
+    draw = ImageDraw.Draw(grid)
+    for i, (strip, image, text) in enumerate(zip(real, rendered, sentences)):
+        top = i * (height + band)
+        draw.text((2, top), text, fill="black")
+        grid.paste(Image.fromarray(strip), (0, top + band))
+        grid.paste(Image.fromarray(image), (width + gap, top + band))
+    with replacing_file(path) as staged:
+        grid.resize((grid.width * 2, grid.height * 2), Image.Resampling.NEAREST).save(staged)

@@ -16,8 +16,12 @@ bfloat16 autocast where the CPU supports it (about twice as fast), attention the
 Every ``--sample-minutes`` a grid of a few fixed held-out strips beside their renderings is written to
 ``OUT/samples/``; every ``--save-minutes`` and at the end the pipeline is saved in float16 to
 ``OUT/pipeline`` (written beside it and renamed into place, so an interrupted run never leaves a
-half-written model), with ``OUT/train_log.json`` (settings, loss curve, throughput). Ctrl-C or SIGTERM
-stops training after the current step and saves.
+half-written model), with ``OUT/train_log.json`` (settings, loss curve, throughput) and the resume state
+``OUT/last/`` (``pipeline.pack.renderer_state``). Ctrl-C or SIGTERM stops training after the current step and
+saves; ``--resume`` goes on from ``OUT/last/`` with the same settings (the budgets ``--max-minutes``,
+``--max-steps``, ``--sample-minutes`` and ``--save-minutes`` may change: the learning-rate schedule follows the
+new budget from where the run is). ``--frame-size`` sets the strips' resolution: frames of that many pixels a
+side (48 by default; the clips' own 96 with ``--frame-size 96 --patch-size 4`` costs about what 48 does).
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ import world_model.utils.quiet_start  # noqa: F401  (first: a stop signal while 
 
 # isort: split
 import copy
-import signal
 import sys
 import time
 from argparse import RawDescriptionHelpFormatter
@@ -37,17 +40,26 @@ from typing import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from diffusers.training_utils import EMAModel
-from PIL import Image, ImageDraw
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
 from encoders.world_dataset import read_states
-from renderers.pixel_pipeline import PixelPipelineConfig, PixelTextToImagePipeline, build_pixel_pipeline, check_solver
+from pipeline.pack.renderer_state import (
+    STATE_DIR,
+    EMAWeights,
+    RendererState,
+    StopRequest,
+    has_state,
+    load_state,
+    save_state,
+)
+from pipeline.pack.strip_images import sample_grid
+from renderers.pixel_pipeline import PixelPipelineConfig, PixelTextToImagePipeline, build_pixel_pipeline
+from renderers.pixel_scheduler import check_solver
 from world_model.data.synthetic.simulation import STATE_FRAMES
 from world_model.training.schedule import warmup_cosine
 from world_model.utils.cli import check_output, check_positive, check_range
-from world_model.utils.files import atomic_dir, replacing_file, write_json_atomic
+from world_model.utils.files import atomic_dir, write_json_atomic
 from world_model.utils.flags import settings_main
 
 PIPELINE_DIR = "pipeline"
@@ -63,6 +75,7 @@ class TrainConfig:
     warmup_steps: int = 200
     final_lr_fraction: float = 0.1
     text_dropout: float = 0.1
+    previous_dropout: float = 0.1  # with --previous-strip: how often a strip is trained without the one before it
     snr_cap: float = 5.0
     motion_weight: float = 4.0  # extra loss weight on pixels that change between a strip's frames (0: none)
     ema_max_decay: float = 0.999
@@ -84,6 +97,7 @@ class TrainConfig:
             check_range(f"--{name.replace('_', '-')}", getattr(self, name), 0)
         check_range("--final-lr-fraction", self.final_lr_fraction, 0, 1)
         check_range("--text-dropout", self.text_dropout, 0, 1)
+        check_range("--previous-dropout", self.previous_dropout, 0, 1)
         check_range("--ema-max-decay", self.ema_max_decay, 0, 1)
 
 
@@ -112,19 +126,23 @@ def diffusion_loss(
     generator: torch.Generator,
     snr_cap: float = 5.0,
     motion_weight: float = 0.0,
+    previous: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Weighted squared error of the clean image the model predicts from ``images`` (B, 3, H, W) in [-1, 1]
     noised at uniformly drawn timesteps: x_t = a x + s e with a^2 = alphas_cumprod[t], s^2 = 1 - a^2,
     weight min(a^2 / s^2, snr_cap) + 1. Uncapped, that is the squared error of the velocity v = a e - s x.
     ``motion_weight`` > 0 multiplies the error of the pixels of ``motion_mask`` by 1 + motion_weight (what
-    tells one second's motion from its reverse is a small part of the strip)."""
+    tells one second's motion from its reverse is a small part of the strip). ``previous`` (B, 3, H, W): the strips
+    they continue, for a pipeline with ``previous_strip`` (zeros: none)."""
     alphas_cumprod = pipe.scheduler.alphas_cumprod
     t = torch.randint(0, len(alphas_cumprod), (len(images),), generator=generator)
     noise = torch.randn(images.shape, generator=generator)
     a = alphas_cumprod[t].sqrt().view(-1, 1, 1, 1)
     s = (1 - alphas_cumprod[t]).sqrt().view(-1, 1, 1, 1)
     noisy = a * images + s * noise
-    output = pipe.predict(noisy.contiguous(memory_format=torch.channels_last), t, pipe.encode_prompt(prompts)).float()
+    output = pipe.predict(
+        noisy.contiguous(memory_format=torch.channels_last), t, pipe.encode_prompt(prompts), previous
+    ).float()
     prediction_type = pipe.scheduler.config.prediction_type
     if prediction_type == "sample":
         clean = output
@@ -138,25 +156,6 @@ def diffusion_loss(
     return (weight * (clean - images).pow(2)).mean()
 
 
-def sample_grid(
-    pipe: PixelTextToImagePipeline, real: np.ndarray, sentences: list[str], path: Path, seed: int = 0
-) -> None:
-    """Write a PNG: one row per sentence, its real strip (left) beside a rendering (right), under its text."""
-    rendered = pipe(sentences, generator=torch.Generator().manual_seed(seed), output_type="np").images
-    rendered = (rendered * 255).round().astype(np.uint8)
-    height, width = real.shape[1:3]
-    band, gap = 12, 4
-    grid = Image.new("RGB", (2 * width + gap, len(sentences) * (height + band)), "white")
-    draw = ImageDraw.Draw(grid)
-    for i, (strip, image, text) in enumerate(zip(real, rendered, sentences)):
-        top = i * (height + band)
-        draw.text((2, top), text, fill="black")
-        grid.paste(Image.fromarray(strip), (0, top + band))
-        grid.paste(Image.fromarray(image), (width + gap, top + band))
-    with replacing_file(path) as staged:
-        grid.resize((grid.width * 2, grid.height * 2), Image.Resampling.NEAREST).save(staged)
-
-
 def save_pipeline(pipe: PixelTextToImagePipeline, folder: Path) -> None:
     """Save a float16 copy of ``pipe`` to ``folder``, written beside it and renamed into place."""
     half = PixelTextToImagePipeline(
@@ -166,65 +165,41 @@ def save_pipeline(pipe: PixelTextToImagePipeline, folder: Path) -> None:
         tokenizer=pipe.tokenizer,
         **{
             k: pipe.config[k]
-            for k in ("default_num_inference_steps", "default_guidance_scale", "patch_size", "strip_frames")
+            for k in (
+                "default_num_inference_steps",
+                "default_guidance_scale",
+                "patch_size",
+                "strip_frames",
+                "previous_strip",
+            )
         },
     )
     with atomic_dir(folder) as tmp:
         half.save_pretrained(tmp)
 
 
-class EMAWeights:
-    """An exponential moving average of a pipeline's trainable weights, swapped in to sample or save."""
-
-    def __init__(self, parameters: list[torch.nn.Parameter], max_decay: float):
-        self.parameters = parameters
-        self.ema = EMAModel(parameters, decay=max_decay, use_ema_warmup=True, power=2 / 3)
-
-    def update(self) -> None:
-        self.ema.step(self.parameters)
-
-    def __enter__(self):
-        self.ema.store(self.parameters)
-        self.ema.copy_to(self.parameters)
-
-    def __exit__(self, *exc):
-        self.ema.restore(self.parameters)
-
-
-class StopRequest:
-    """Set by SIGINT / SIGTERM; the training loop stops after its current step and saves."""
-
-    def __init__(self):
-        self.requested = False
-        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def _handle(self, signum, frame):
-        if self.requested:  # a second signal: stop now, without saving
-            raise KeyboardInterrupt
-        self.requested = True
-        print(f"\nsignal {signum}: stopping after this step and saving", file=sys.stderr)
-
-    def close(self) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-
-
-def fixed_samples(data: Path) -> tuple[np.ndarray, list[str]]:
-    """``SAMPLE_COUNT`` strips spread over the first held-out episodes (all scene types), and their sentences."""
-    states = read_states(data / "heldout", limit=SAMPLE_COUNT * 2, progress=False)
+def fixed_samples(data: Path, size: tuple[int, int]) -> tuple[np.ndarray, list[str]]:
+    """``SAMPLE_COUNT`` strips of ``size`` spread over the first held-out episodes (all scene types), and their
+    sentences."""
+    states = read_states(data / "heldout", limit=SAMPLE_COUNT * 2, size=size, progress=False)
     rows = np.linspace(0, len(states) - 1, SAMPLE_COUNT).round().astype(int)
     return states.images[rows], [states.sentences[i] for i in rows]
 
 
 def train(
-    data: Path, out: Path, config: TrainConfig, model_config: PixelPipelineConfig, limit: int | None = None
+    data: Path,
+    out: Path,
+    config: TrainConfig,
+    model_config: PixelPipelineConfig,
+    limit: int | None = None,
+    resume: bool = False,
 ) -> dict:
-    """Train on ``data/train`` (the first ``limit`` episodes), write ``out/pipeline`` and ``out/train_log.json``;
-    return the log."""
+    """Train on ``data/train`` (the first ``limit`` episodes), write ``out/pipeline``, ``out/last`` and
+    ``out/train_log.json``; with ``resume``, go on from ``out/last``. Returns the log."""
     torch.set_num_threads(config.threads)
     bf16 = config.bf16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    states = read_states(data / "train", limit=limit)
-    sample_real, sample_sentences = fixed_samples(data)
+    states = read_states(data / "train", limit=limit, size=model_config.sample_size)
+    sample_real, sample_sentences = fixed_samples(data, model_config.sample_size)
     pipe = build_pixel_pipeline(states.sentences + sample_sentences, model_config, seed=config.seed)
     pipe.set_progress_bar_config(disable=True)
     pipe.unet.to(memory_format=torch.channels_last)
@@ -238,6 +213,7 @@ def train(
         np.random.default_rng(config.seed),
         states.images,
         np.array(states.sentences, dtype=object),
+        np.where(states.second > 0, np.arange(len(states)) - 1, -1),
         bf16,
     )
     log = {
@@ -252,8 +228,16 @@ def train(
         },
         "loss": [],
     }
+    start = RendererState(0, 0.0, None, log)
+    if resume:
+        resumed = load_state(out / STATE_DIR, run, asdict(config), asdict(model_config))
+        if resumed.log["strips"] != len(states):
+            raise ValueError(f"--resume: {len(states)} training strips, the run in {out} had {resumed.log['strips']}")
+        log = {**resumed.log, "command": log["command"], "train": log["train"]}
+        start = RendererState(resumed.step, resumed.minutes, resumed.running_loss, log)
+        print(f"resuming {out} after {resumed.step} steps ({resumed.minutes:.1f} min)", file=sys.stderr)
 
-    def checkpoint(step: int, minutes: float) -> None:
+    def checkpoint(step: int, minutes: float, running: float | None) -> None:
         with run.ema:
             save_pipeline(pipe, out / PIPELINE_DIR)
         log.update(
@@ -262,15 +246,16 @@ def train(
             samples_seen=step * config.batch_size,
             samples_per_second=round(step * config.batch_size / max(minutes * 60, 1e-9), 2),
         )
+        save_state(out / STATE_DIR, run, RendererState(step, minutes, running, log))
         write_json_atomic(out / LOG_NAME, log)
 
     def samples(step: int) -> None:
         with run.ema, torch.no_grad():
             sample_grid(pipe, sample_real, sample_sentences, out / "samples" / f"step_{step:06d}.png")
 
-    step, running, minutes = run_steps(run, config, log, checkpoint, samples)
+    step, running, minutes = run_steps(run, config, checkpoint, samples, start)
     samples(step)
-    checkpoint(step, minutes)
+    checkpoint(step, minutes, running)
     print(f"saved {out / PIPELINE_DIR} after {step} steps, {minutes:.1f} min, smoothed loss {running}")
     return log
 
@@ -287,6 +272,7 @@ class RendererRun:
     rng: np.random.Generator  # batches and text dropout
     images: np.ndarray  # (N, H, W, 3) uint8 training strips
     sentences: np.ndarray  # (N,) their sentences
+    previous: np.ndarray  # (N,) the row of the strip of the second before each one, -1 for an episode's first
     bf16: bool
 
     def step(self, config: TrainConfig, lr: float) -> float:
@@ -295,6 +281,12 @@ class RendererRun:
             group["lr"] = lr
         rows = self.rng.integers(0, len(self.images), config.batch_size)
         prompts = ["" if self.rng.random() < config.text_dropout else s for s in self.sentences[rows]]
+        previous = None
+        if self.pipe.config.previous_strip:
+            before = np.where(self.rng.random(len(rows)) < config.previous_dropout, -1, self.previous[rows])
+            previous = to_model_range(self.images[np.maximum(before, 0)]) * torch.from_numpy(before >= 0).view(
+                -1, 1, 1, 1
+            )
         kernels = [SDPBackend.MATH] if self.bf16 else [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16), sdpa_kernel(kernels):
             loss = diffusion_loss(
@@ -304,6 +296,7 @@ class RendererRun:
                 self.generator,
                 config.snr_cap,
                 config.motion_weight,
+                previous,
             )
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -313,13 +306,17 @@ class RendererRun:
         return loss.item()
 
 
-def run_steps(run: RendererRun, config: TrainConfig, log: dict, checkpoint, samples) -> tuple[int, float, float]:
+def run_steps(
+    run: RendererRun, config: TrainConfig, checkpoint, samples, start_at: RendererState
+) -> tuple[int, float, float]:
     """Train until the time budget or `max_steps` (or a stop request), logging the smoothed loss, drawing samples
-    and checkpointing on their schedules. Returns (steps, smoothed loss, minutes)."""
+    and checkpointing on their schedules, from ``start_at`` (its steps and minutes done, its log). Returns (steps,
+    smoothed loss, minutes)."""
     stop = StopRequest()
-    start = last_sample = last_save = time.monotonic()
-    step, running = 0, None
-    progress_bar = tqdm(total=config.max_steps, desc="training renderer", unit="step")
+    last_sample = last_save = time.monotonic()
+    start = last_sample - 60 * start_at.minutes
+    step, running, log = start_at.step, start_at.running_loss, start_at.log
+    progress_bar = tqdm(total=config.max_steps, initial=step, desc="training renderer", unit="step")
     try:
         while not stop.requested:
             progress = (time.monotonic() - start) / (config.max_minutes * 60)
@@ -341,7 +338,7 @@ def run_steps(run: RendererRun, config: TrainConfig, log: dict, checkpoint, samp
                 samples(step)
                 last_sample = time.monotonic()
             if now - last_save >= config.save_minutes * 60:
-                checkpoint(step, (now - start) / 60)
+                checkpoint(step, (now - start) / 60, running)
                 last_save = time.monotonic()
     finally:
         progress_bar.close()
@@ -357,6 +354,7 @@ class RendererFiles:
     data: Path = field(metadata={"help": "folder with train/ and heldout/ episodes"})
     out: Path = field(metadata={"help": "run folder: pipeline/, samples/, train_log.json"})
     limit: int | None = field(default=None, metadata={"help": "use only the first N training episodes"})
+    resume: bool = field(default=False, metadata={"help": f"go on from OUT/{STATE_DIR} (same settings but budgets)"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -379,7 +377,9 @@ def train_command(files: RendererFiles, config: TrainConfig, model_config: Pixel
     except ValueError as err:
         raise ValueError(f"--{err}") from None
     check_output(files.out / LOG_NAME, "--out", {"data folder": files.data}, overwrite=True)  # before the data is read
-    train(files.data, files.out, config, model_config, limit=files.limit)
+    if files.resume and not has_state(files.out):
+        raise ValueError(f"--resume: {files.out / STATE_DIR} holds no resume state (nothing to go on from)")
+    train(files.data, files.out, config, model_config, limit=files.limit, resume=files.resume)
 
 
 if __name__ == "__main__":
