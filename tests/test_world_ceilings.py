@@ -247,3 +247,49 @@ def test_report_scores_predictors_seed_by_seed_beside_the_floors(tmp_path, monke
     assert single["predictors"]["four_tensor"]["accuracy"]["lo"] is None
     assert "four tensor minus flat baseline" in (one / "results.md").read_text()
     assert world_report.main([*args[:4], "--four-tensor", str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
+
+
+def test_contexts_are_read_in_place_of_the_sentences_and_only_changed_points_are_forecast_anew(tmp_path, monkeypatch):
+    import torch
+
+    from world_model.data.synthetic.episodes import known_sentences, read_episodes
+    from world_model.evaluation import model_forecasts
+    from world_model.models.decoding import write_known_sentences
+    from world_model.models.registry import build_model, model_vocab_size
+    from world_model.text.vocab import Vocabulary
+
+    data = tmp_path / "world"
+    small = dict(seconds=6, fps=4, size=16, scenes=("counting",))
+    generator.generate(10, 0, data, "train", **small)
+    generator.generate(3, 0, data, "heldout", **small)
+    known = known_sentences(data)
+    vocab = Vocabulary.build(known)
+    torch.manual_seed(0)
+    section = {"type": "four_tensor", "d_x": 4, "d_t": 2, "n_heads": 1, "n_layers": 1, "n_tokens": 12, "n_states": 5}
+    build_model(section, model_vocab_size("four_tensor", vocab)).save_pretrained(tmp_path / "p", vocab=vocab)
+    write_known_sentences(tmp_path / "p", known)
+    heldout = read_episodes(data / "heldout")
+    truths = {r["id"]: [s["text"] for s in r["sentences"]] for r in heldout}
+    predictors = {"four_tensor": [tmp_path / "p"]}
+    cache = tmp_path / "cache"
+    plain = world_report.world_report(data, 2, None, predictors, False, cache)
+    same = world_report.world_report(data, 2, None, predictors, False, cache, contexts=truths)
+    assert same["scenes"] == plain["scenes"]  # the true sentences as contexts change nothing
+
+    wrong = dict(truths)
+    first = heldout[0]["id"]
+    wrong[first] = [truths[first][0], "the bin empties through its trapdoor.", *truths[first][2:]]
+    counted = []
+    original = model_forecasts.k_step_forecasts
+    monkeypatch.setattr(
+        model_forecasts, "k_step_forecasts", lambda *a, **k: counted.append(len(a[3])) or original(*a, **k)
+    )
+    misread = world_report.world_report(data, 2, None, predictors, False, cache, contexts=wrong)
+    assert counted == [4 - 1]  # the first episode's cuts that read its second second: o = 2, 3, 4 (of 1..4)
+    copy_plain = plain["scenes"]["all"]["k"]["1"]["predictors"]["copy_last"]["accuracy"]
+    copy_wrong = misread["scenes"]["all"]["k"]["1"]["predictors"]["copy_last"]["accuracy"]
+    assert copy_wrong != copy_plain  # the floors read the contexts too
+    k1 = misread["scenes"]["all"]["k"]["1"]
+    assert k1["ceiling_from_sentences"] == plain["scenes"]["all"]["k"]["1"]["ceiling_from_sentences"]
+    with pytest.raises(world_report.UsageError, match="no context of"):
+        world_report.world_report(data, 2, None, None, False, None, contexts={first: truths[first][:1]})

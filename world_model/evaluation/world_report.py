@@ -37,9 +37,11 @@ from pathlib import Path
 from typing import Sequence
 
 from world_model.data.synthetic.episodes import TRAIN_SPLIT, read_episodes
+from world_model.evaluation.world_report_view import PAIR, markdown, plot, value
 from world_model.evaluation.world_scores import (
     ALL,
     Forecast,
+    Point,
     ceiling_table,
     ceilings_at,
     copy_last_forecasts,
@@ -56,8 +58,6 @@ from world_model.utils.flags import settings_main
 
 MEMORY_GAP = 0.15
 HELDOUT_SPLIT = "heldout"
-PAIR = ("four_tensor", "flat_baseline")  # the predictors compared seed by seed
-MEMORY_WORDS = {True: "yes", False: "no", None: ""}
 
 
 def scene_types(split: Path) -> list[str]:
@@ -70,9 +70,41 @@ def scene_types(split: Path) -> list[str]:
     return json.loads(summary.read_text())["scene_types"]
 
 
-def forecast_checkpoint(folder: str | Path, points: list, steps: int, progress: bool, cache: Path | None) -> list:
-    """A predictor folder's k-step forecasts at every point (its known sentences, at its confidence temperature);
-    with a ``cache`` folder, read from or kept in it under a key of the folder's files, the points and the settings."""
+def forecast_checkpoint(
+    folder: str | Path,
+    points: list,
+    steps: int,
+    progress: bool,
+    cache: Path | None,
+    contexts: Sequence[Sequence[str]] | None = None,
+) -> list:
+    """A predictor folder's k-step forecasts at every point (its known sentences, at its confidence temperature), from
+    the points' observed sentences or from ``contexts`` (one list of sentences per point, e.g. their captions); with a
+    ``cache`` folder, read from or kept in it under a key of the folder's files, the points, the contexts that differ
+    from them and the settings. A forecast depends only on what the model reads, so from ``contexts`` only the
+    points whose context differs from their observed sentences are forecast anew."""
+    truth = forecasts_from(folder, points, None, steps, progress, cache)
+    if contexts is None:
+        return truth
+    differ = [i for i, (p, c) in enumerate(zip(points, contexts, strict=True)) if list(c) != p.observed]
+    if not differ:
+        return truth
+    fresh = forecasts_from(folder, [points[i] for i in differ], [contexts[i] for i in differ], steps, progress, cache)
+    merged = list(truth)
+    for i, forecast in zip(differ, fresh):
+        merged[i] = forecast
+    return merged
+
+
+def forecasts_from(
+    folder: str | Path,
+    points: list,
+    contexts: Sequence[Sequence[str]] | None,
+    steps: int,
+    progress: bool,
+    cache: Path | None,
+) -> list:
+    """``forecast_checkpoint``'s work for one set of points and contexts (None: their observed sentences)."""
     from world_model.evaluation import model_forecasts
     from world_model.models.decoding import load_confidence_temperature
     from world_model.models.registry import load_predictor
@@ -83,6 +115,8 @@ def forecast_checkpoint(folder: str | Path, points: list, steps: int, progress: 
         if (folder / name).is_file():
             key.update(name.encode() + (folder / name).read_bytes())
     key.update(json.dumps([[p.record["id"], len(p.observed)] for p in points]).encode())
+    if contexts is not None:
+        key.update(json.dumps([list(c) for c in contexts]).encode())
     settings = [steps] + [getattr(model_forecasts, n) for n in ("EXPAND_MIN", "BEAM", "PRUNE", "TRIE_DEPTH")]
     key.update(json.dumps(settings).encode())
     stored = None if cache is None else cache / f"{key.hexdigest()[:24]}.json"
@@ -93,7 +127,7 @@ def forecast_checkpoint(folder: str | Path, points: list, steps: int, progress: 
         raise UsageError(f"{folder} has no known_sentences.txt: the world report scores a predictor's known sentences")
     temperature = load_confidence_temperature(folder)
     forecasts = model_forecasts.k_step_forecasts(
-        model, vocab, known, points, steps, temperature=temperature, progress=progress
+        model, vocab, known, points, steps, contexts=contexts, temperature=temperature, progress=progress
     )
     if stored is not None:
         cache.mkdir(parents=True, exist_ok=True)
@@ -108,10 +142,13 @@ def world_report(
     predictors: dict[str, Sequence[str | Path]] | None = None,
     progress: bool = True,
     cache: Path | None = None,
+    contexts: dict[str, Sequence[str]] | None = None,
 ) -> dict:
     """The ceilings, floors and (optionally) predictors of ``data``'s held-out episodes (the first ``episodes``), per
     scene and over all. ``predictors`` maps a name to its checkpoint folders, one per training seed; their forecasts
-    are kept in ``cache`` when given (``forecast_checkpoint``)."""
+    are kept in ``cache`` when given (``forecast_checkpoint``). With ``contexts`` (episode id -> one sentence a
+    second, e.g. the captions of its clip) every forecaster, floors included, reads those instead of the true
+    sentences; the ceilings stay those of the true sentences."""
     data = Path(data)
     train, heldout = read_episodes(data / TRAIN_SPLIT), read_episodes(data / HELDOUT_SPLIT)[:episodes]
     scenes = scene_types(data / HELDOUT_SPLIT)
@@ -119,12 +156,14 @@ def world_report(
         raise UsageError(f"{data}: train and heldout were generated with different --scenes")
     points = prediction_points(heldout, steps)
     table = ceiling_table(points, ceilings_at(points, steps, scenes), steps)
-    forecasts = {"copy_last": copy_last_forecasts(points, steps)}
+    read = points if contexts is None else read_points(points, contexts)
+    forecasts = {"copy_last": copy_last_forecasts(read, steps)}
     for name, floor in fit_markov_floors(train).items():
-        forecasts[name] = markov_forecasts(floor, points, steps)
+        forecasts[name] = markov_forecasts(floor, read, steps)
     scores = {name: score(points, f, steps) for name, f in forecasts.items()}
+    seen = None if contexts is None else [p.observed for p in read]
     runs = {
-        name: [forecast_checkpoint(folder, points, steps, progress, cache) for folder in folders]
+        name: [forecast_checkpoint(folder, points, steps, progress, cache, seen) for folder in folders]
         for name, folders in (predictors or {}).items()
         if folders
     }
@@ -149,9 +188,16 @@ def world_report(
     return result
 
 
-def value(metric: float | dict | None) -> float | None:
-    """A metric's number: itself, or the mean of a ``{"mean", "lo", "hi"}``."""
-    return metric["mean"] if isinstance(metric, dict) else metric
+def read_points(points: Sequence[Point], contexts: dict[str, Sequence[str]]) -> list[Point]:
+    """The points with what a forecaster reads in place of their observed sentences: the first as many sentences of
+    their episode's ``contexts`` (a UsageError names an episode without one, or with too few)."""
+    read = []
+    for p in points:
+        context = contexts.get(p.record["id"])
+        if context is None or len(context) < len(p.observed):
+            raise UsageError(f"episode {p.record['id']}: no context of {len(p.observed)} sentences to read")
+        read.append(Point(p.record, list(context[: len(p.observed)]), p.future))
+    return read
 
 
 def targets(result: dict) -> dict:
@@ -168,118 +214,6 @@ def targets(result: dict) -> dict:
             "log_loss_minus_entropy": sum(excess) / len(excess) if excess else None,
         }
     return out
-
-
-def markdown(result: dict, command: str) -> str:
-    """The report: the memory table, the targets, then one table per scene (rows: ceilings, entropy, forecasters;
-    columns: k)."""
-    steps = len(result["scenes"][ALL]["k"])
-    head = "| | " + " | ".join(f"k={k}" for k in range(1, steps + 1)) + " |\n|---|" + "---:|" * steps
-    lines = [
-        "# The synthetic world: ceilings, floors and predictors",
-        "",
-        f"Command: `{command}`",
-        "",
-        f"{result['points']} prediction points (every cut of every held-out episode), floors counted on "
-        f"{result['train_episodes']} training episodes. Accuracy is exact sentence match k seconds ahead, with a 95% "
-        "interval (over seeds for a predictor trained with several, else over the held-out episodes); log-loss in nats "
-        "a sentence. *From sentences*: the best a predictor that reads only the observed sentences can do (entropy: "
-        "the log-loss it pays); *full state*: what the simulator's whole state allows.",
-        *temperature_note(result["settings"].get("temperatures", {})),
-        "",
-        "| scene | episodes | points | ceiling from sentences, k=1 | Markov-2, k=1 | gap | needs memory |",
-        "|---|---:|---:|---:|---:|---:|---|",
-    ]
-    for group, entry in result["scenes"].items():
-        one = entry["k"]["1"]
-        gap = one["ceiling_from_sentences"] - one["predictors"]["markov2"]["accuracy"]
-        lines.append(
-            f"| {group} | {entry['episodes']} | {entry['points']} | {one['ceiling_from_sentences']:.3f} | "
-            f"{one['predictors']['markov2']['accuracy']:.3f} | {gap:+.3f} | {MEMORY_WORDS[entry['needs_memory']]} |"
-        )
-    lines += [
-        "",
-        "Averaged over the scenes and k = 1..5:",
-        "",
-        "| forecaster | accuracy / ceiling from sentences | log-loss minus entropy (nats) |",
-        "|---|---:|---:|",
-    ]
-    for name, t in result["targets"].items():
-        excess = "" if t["log_loss_minus_entropy"] is None else f"{t['log_loss_minus_entropy']:+.3f}"
-        lines.append(f"| {name} | {t['fraction_of_ceiling']:.3f} | {excess} |")
-    for group, entry in result["scenes"].items():
-        ks = [entry["k"][str(k)] for k in range(1, steps + 1)]
-        lines += ["", f"## {group}", "", head]
-        for key, label in (
-            ("ceiling_full_state", "ceiling, full state"),
-            ("ceiling_from_sentences", "ceiling, from sentences"),
-            ("entropy_from_sentences", "entropy, from sentences (nats)"),
-        ):
-            lines.append(f"| {label} | " + " | ".join(f"{r[key]:.3f}" for r in ks) + " |")
-        for name in ks[0]["predictors"]:
-            lines.append(f"| {name} | " + " | ".join(cell(r["predictors"][name]) for r in ks) + " |")
-        paired = f"{PAIR[0]}_minus_{PAIR[1]}"
-        if paired in ks[0]:
-            lines.append(f"| {paired.replace('_', ' ')} | " + " | ".join(difference(r[paired]) for r in ks) + " |")
-    lines += ["", "![accuracy by scene and step](accuracy.png)", ""]
-    return "\n".join(lines)
-
-
-def temperature_note(temperatures: dict[str, list[float]]) -> list[str]:
-    """A line naming each predictor's confidence temperatures (its folders' calibration.json, 1 without one)."""
-    if not temperatures:
-        return []
-    named = "; ".join(f"{name} {', '.join(f'{t:.3g}' for t in taus)}" for name, taus in temperatures.items())
-    return ["", f"Predictors' distributions are softmax(score / temperature), the temperature of each seed: {named}."]
-
-
-def cell(p: dict) -> str:
-    """A forecaster's accuracy with its interval, and its log-loss."""
-    accuracy = value(p["accuracy"])
-    if isinstance(p["accuracy"], dict) and p["accuracy"]["lo"] is not None:
-        lo, hi = p["accuracy"]["lo"], p["accuracy"]["hi"]
-    else:
-        lo, hi = p["accuracy_ci95"] or (accuracy, accuracy)
-    loss = value(p["log_loss"])
-    return f"{accuracy:.3f} [{lo:.3f}, {hi:.3f}]" + ("" if loss is None else f", {loss:.3f} nats")
-
-
-def difference(d: dict) -> str:
-    """A paired difference's accuracy and log-loss with their intervals."""
-    a, loss = d["accuracy"], d["log_loss"]
-    interval = lambda m: "" if m["lo"] is None else f" [{m['lo']:+.3f}, {m['hi']:+.3f}]"  # noqa: E731
-    return f"{a['mean']:+.3f}{interval(a)}, {loss['mean']:+.3f}{interval(loss)} nats"
-
-
-def plot(result: dict, path: Path) -> None:
-    """One panel per scene: accuracy against k for the ceilings and every forecaster."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    groups = list(result["scenes"])
-    columns = 4
-    rows = (len(groups) + columns - 1) // columns
-    figure, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.6 * rows), sharey=True, squeeze=False)
-    for ax, group in zip(axes.flat, groups):
-        entry = result["scenes"][group]["k"]
-        ks = sorted(entry, key=int)
-        x = [int(k) for k in ks]
-        ax.plot(x, [entry[k]["ceiling_full_state"] for k in ks], "k:", label="ceiling, full state")
-        ax.plot(x, [entry[k]["ceiling_from_sentences"] for k in ks], "k-", lw=2, label="ceiling, from sentences")
-        for name in entry[ks[0]]["predictors"]:
-            floor = name == "copy_last" or name.startswith("markov")
-            ys = [value(entry[k]["predictors"][name]["accuracy"]) for k in ks]
-            ax.plot(x, ys, marker="o", ms=3, lw=1 if floor else 2.2, ls="--" if floor else "-", label=name)
-        ax.set(title=group, xticks=x, ylim=(0, 1.02), xlabel="seconds ahead")
-    for ax in axes.flat[len(groups) :]:
-        ax.axis("off")
-    axes[0, 0].set_ylabel("accuracy")
-    axes.flat[0].legend(fontsize=7, loc="lower left")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
 
 
 @dataclass
