@@ -68,28 +68,38 @@ def resolve_pack(pack: str | Path) -> Pack:
     return Pack(root, folders, dict(preset.captioner_options), dict(preset.renderer_options))
 
 
-def read_heldout(data: str | Path, episodes: int, seconds: int) -> tuple[list[dict], list[str]]:
-    """The first ``episodes`` records of the split folder ``data`` (each with its clip's ``path``) and the
-    scene types they were generated with (``summary.json``, default all). Each must last ``seconds``."""
+def read_heldout(data: str | Path, episodes: int | None, seconds: int) -> tuple[list[dict], list[str]]:
+    """The first ``episodes`` (None: all) held-out records of the data folder ``data`` (``train/`` and ``heldout/``;
+    each record with its clip's ``path``) and the scene types they were generated with (``summary.json``, default
+    all). Each must last ``seconds``."""
     data = Path(data)
-    if not (data / "episodes.jsonl").is_file() and (data / "heldout" / "episodes.jsonl").is_file():
-        raise EvaluationError(f"{data} is a data folder; pass its split folder {data / 'heldout'}")
+    if (data / "episodes.jsonl").is_file():
+        raise EvaluationError(f"{data} is a split folder; pass the data folder above it, {data.parent}")
+    for split in ("train", "heldout"):
+        if not (data / split / "episodes.jsonl").is_file():
+            raise EvaluationError(
+                f"{data / split} holds no episodes.jsonl: the data folder needs train/ (the floors are counted "
+                "on it) and heldout/ (from `python -m world_model.data.synthetic.generator generate`)"
+            )
     try:
-        records = read_episodes(data)
+        records = read_episodes(data / "heldout")
     except DataError as err:
         raise EvaluationError(str(err)) from err
-    if len(records) < episodes:
-        raise EvaluationError(f"{data} holds {len(records)} episodes, fewer than --episodes {episodes}")
+    if episodes is not None and len(records) < episodes:
+        raise EvaluationError(f"{data / 'heldout'} holds {len(records)} episodes, fewer than --episodes {episodes}")
     records = records[:episodes]
     short = [r["id"] for r in records if len(r["sentences"]) < seconds]
     if short:
         raise EvaluationError(
-            f"episode(s) {', '.join(short[:5])} of {data} last fewer than observe + steps = {seconds} seconds"
+            f"episode(s) {', '.join(short[:5])} of {data / 'heldout'} last fewer than observe + steps = {seconds} "
+            "seconds"
         )
     clips = [r["path"] for r in records if not Path(r["path"]).is_file()]
     if clips:
-        raise EvaluationError(f"{len(clips)} clip(s) named in {data / 'episodes.jsonl'} are missing, e.g. {clips[0]}")
-    summary = data / "summary.json"
+        raise EvaluationError(
+            f"{len(clips)} clip(s) named in {data / 'heldout' / 'episodes.jsonl'} are missing, e.g. {clips[0]}"
+        )
+    summary = data / "heldout" / "summary.json"
     scenes = (
         json.loads(summary.read_text()).get("scene_types", list(SCENE_TYPES))
         if summary.is_file()
@@ -102,14 +112,41 @@ def read_heldout(data: str | Path, episodes: int, seconds: int) -> tuple[list[di
 class WorldEvaluation:
     """Which pack is evaluated on which held-out episodes, and where the report goes."""
 
-    data: Path = field(metadata={"help": "held-out split folder (with episodes.jsonl and clips)"})
-    episodes: int = field(metadata={"help": "evaluate the first N episodes"})
+    data: Path = field(metadata={"help": "data folder with train/ (floors) and heldout/ (episodes and clips)"})
     out: Path = field(metadata={"help": "output folder"})
     pack: str = field(default="offline_pack", metadata={"help": "model pack folder (default offline_pack)"})
-    observe: int = field(default=3, metadata={"help": "observed seconds (default 3)"})
-    steps: int = field(default=5, metadata={"help": "predicted seconds (default 5)"})
+    episodes: int | None = field(
+        default=None, metadata={"help": "evaluate the first N held-out episodes (default all)"}
+    )
+    steps: int = field(default=5, metadata={"help": "seconds ahead (default 5)"})
+    observe: int = field(default=4, metadata={"help": "observed seconds before the rendered futures (default 4)"})
+    render_episodes: int | None = field(
+        default=None, metadata={"help": "render the futures of the first N evaluated episodes (default all)"}
+    )
+    four_tensor_seeds: tuple[str, ...] = field(
+        default=(), metadata={"help": "more 4-tensor predictor folders (other training seeds) beside the pack's"}
+    )
+    flat_baseline_seeds: tuple[str, ...] = field(
+        default=(), metadata={"help": "more flat baseline folders (other training seeds) beside the pack's"}
+    )
+    cache: Path | None = field(default=None, metadata={"help": "keep the predictors' forecasts here for a rerun"})
+    strength: float = field(
+        default=0.6, metadata={"help": "how far a render started from the last observed strip moves from it"}
+    )
     seed: int = field(default=0, metadata={"help": "rendering seed (default 0)"})
     device: str | None = field(default=None, metadata={"help": "torch device (default: cuda if available, else cpu)"})
     storyboard_episodes: int = field(default=4, metadata={"help": "episodes drawn in storyboard.png (default 4)"})
     overwrite: bool = field(default=False, metadata={"help": "replace an existing output folder"})
     progress: bool = field(default=True, metadata={"flag": False})  # progress bars (off in tests)
+
+    def __post_init__(self) -> None:
+        for name in ("episodes", "render_episodes"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise EvaluationError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.steps < 1 or self.observe < 1 or self.storyboard_episodes < 0:
+            raise EvaluationError(
+                f"need --steps and --observe >= 1 and --storyboard-episodes >= 0; got {self.steps}, {self.observe}, "
+                f"{self.storyboard_episodes}"
+            )
+        if not 0 < self.strength <= 1:
+            raise EvaluationError(f"--strength must be in (0, 1], got {self.strength}")

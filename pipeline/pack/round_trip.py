@@ -20,8 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+from tqdm.auto import tqdm
+
 from encoders.captioner import HFCaptioner
-from pipeline.pack.world_loop import accuracy_by_scene, render_all, round_trip
+from pipeline.pack.world_loop import accuracy_by_scene, exact_fraction
 from pipeline.presets import load_preset
 from renderers.pixel_scheduler import SOLVERS, set_solver
 from renderers.text_to_image import DiffusersRenderer
@@ -31,6 +34,25 @@ from world_model.utils.files import write_json_atomic
 from world_model.utils.flags import settings_main
 
 PIPELINE_CLASS = "renderers.pixel_pipeline:PixelTextToImagePipeline"
+
+
+def render_all(
+    renderer: DiffusersRenderer, sentences: Sequence[str], seed: int, desc: str, progress: bool
+) -> dict[str, np.ndarray]:
+    """One (H, W, 3) uint8 image per distinct sentence, each rendered from ``seed``."""
+    distinct = list(dict.fromkeys(sentences))
+    return {s: renderer([s], seed=seed)[0] for s in tqdm(distinct, desc=desc, unit="image", disable=not progress)}
+
+
+def round_trip(recaptions: dict[str, str], sentences: Sequence[str], kinds: Sequence[str]) -> dict:
+    """How many rendered ``sentences`` (counted with repeats; overall and per scene type ``kinds``) and how many of
+    the distinct ones were captioned back exactly; ``recaptions`` maps each sentence to the caption of its render."""
+    distinct = list(dict.fromkeys(sentences))
+    return {
+        **accuracy_by_scene([recaptions[s] for s in sentences], sentences, kinds),
+        "distinct_sentences": len(distinct),
+        "distinct_accuracy": round(exact_fraction([recaptions[s] for s in distinct], distinct), 4),
+    }
 
 
 def renderer_round_trip(
@@ -43,7 +65,7 @@ def renderer_round_trip(
     solver: str | None = None,
     progress: bool = True,
 ) -> dict:
-    """Render every sentence once per seed, caption the images, and score them (`evaluate_world.round_trip`
+    """Render every sentence once per seed, caption the images, and score them (`round_trip`'s
     fields per seed and pooled); "captions" maps each seed to {sentence: caption of its render}. ``steps``,
     ``guidance`` and ``solver`` (one of ``pixel_pipeline.SOLVERS``) left ``None`` are the pipeline's own."""
     if not sentences:

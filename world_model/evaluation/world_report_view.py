@@ -19,13 +19,16 @@ def value(metric: float | dict | None) -> float | None:
 def markdown(result: dict, command: str) -> str:
     """The report: the memory table, the targets, then one table per scene (rows: ceilings, entropy, forecasters;
     columns: k)."""
+    lines = ["# The synthetic world: ceilings, floors and predictors", "", f"Command: `{command}`", ""]
+    return "\n".join(lines + forecast_lines(result, level=2) + ["", "![accuracy by scene and step](accuracy.png)", ""])
+
+
+def forecast_lines(result: dict, level: int) -> list[str]:
+    """The report's forecasting part as lines: what is measured, the memory table, the targets, and one table per
+    scene under headings of ``level``."""
     steps = len(result["scenes"][ALL]["k"])
     head = "| | " + " | ".join(f"k={k}" for k in range(1, steps + 1)) + " |\n|---|" + "---:|" * steps
     lines = [
-        "# The synthetic world: ceilings, floors and predictors",
-        "",
-        f"Command: `{command}`",
-        "",
         f"{result['points']} prediction points (every cut of every held-out episode), floors counted on "
         f"{result['train_episodes']} training episodes. Accuracy is exact sentence match k seconds ahead, with a 95% "
         "interval (over seeds for a predictor trained with several, else over the held-out episodes); log-loss in nats "
@@ -45,7 +48,7 @@ def markdown(result: dict, command: str) -> str:
         )
     lines += [
         "",
-        "Averaged over the scenes and k = 1..5:",
+        f"Averaged over the scenes and k = 1..{steps}:",
         "",
         "| forecaster | accuracy / ceiling from sentences | log-loss minus entropy (nats) |",
         "|---|---:|---:|",
@@ -55,7 +58,7 @@ def markdown(result: dict, command: str) -> str:
         lines.append(f"| {name} | {t['fraction_of_ceiling']:.3f} | {excess} |")
     for group, entry in result["scenes"].items():
         ks = [entry["k"][str(k)] for k in range(1, steps + 1)]
-        lines += ["", f"## {group}", "", head]
+        lines += ["", f"{'#' * level} {group}", "", head]
         for key, label in (
             ("ceiling_full_state", "ceiling, full state"),
             ("ceiling_from_sentences", "ceiling, from sentences"),
@@ -67,8 +70,7 @@ def markdown(result: dict, command: str) -> str:
         paired = f"{PAIR[0]}_minus_{PAIR[1]}"
         if paired in ks[0]:
             lines.append(f"| {paired.replace('_', ' ')} | " + " | ".join(difference(r[paired]) for r in ks) + " |")
-    lines += ["", "![accuracy by scene and step](accuracy.png)", ""]
-    return "\n".join(lines)
+    return lines
 
 
 def temperature_note(temperatures: dict[str, list[float]]) -> list[str]:
