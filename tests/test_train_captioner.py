@@ -6,15 +6,14 @@ import torch
 
 from encoders.captioner import HFCaptioner
 from encoders.world_dataset import read_states
+from pipeline.pack.captioner_model import build_captioner, save_captioner
 from pipeline.pack.strip_images import augment, strip_image_processor, to_pixels, to_unit
 from pipeline.pack.train_captioner import (
     BEST_DIR,
     METRICS_FILE,
     TrainConfig,
-    build_captioner,
     caption_labels,
     main,
-    save_captioner,
     train_step,
 )
 from tests.model_factories import one_torch_thread
@@ -176,3 +175,31 @@ def test_overfit_captioner_reproduces_each_strips_exact_sentence(world, tmp_path
     save_captioner(model, tokenizer, tmp_path / "overfit")
     captioner = HFCaptioner.from_pretrained(tmp_path / "overfit")
     assert captioner([states.images[first], states.images[second]]) == sentences
+
+
+def test_a_run_can_start_from_an_earlier_runs_weights_and_refuses_other_words(world, tmp_path, capsys, monkeypatch):
+    import pipeline.pack.train_captioner as trainer
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    flags = ["--data", str(world), "--max-steps", "2", "--eval-every", "2", "--no-progress", *TINY_FLAGS]
+    assert main(["--out", str(first), *flags]) == 0
+    started = {}
+    fit = trainer.fit
+
+    def recording_fit(model, *args, **kwargs):
+        started.update({n: t.clone() for n, t in model.state_dict().items()})
+        return fit(model, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "fit", recording_fit)
+    assert main(["--out", str(second), "--init-from", str(first / BEST_DIR), *flags]) == 0
+    saved = HFCaptioner.from_pretrained(first / BEST_DIR).model.state_dict()
+    assert started.keys() == saved.keys()
+    assert all(torch.equal(started[n], saved[n].float()) for n in saved)  # it started where the first ended
+    assert json.loads((second / METRICS_FILE).read_text())["init_from"] == str(first / BEST_DIR)
+
+    other = tmp_path / "other"
+    words = build_word_tokenizer(["a green box."])
+    save_captioner(build_captioner(words, TINY), words, other)
+    capsys.readouterr()
+    assert main(["--out", str(tmp_path / "third"), "--init-from", str(other), *flags]) == 2
+    assert "its words differ from those of the training sentences" in capsys.readouterr().err

@@ -37,22 +37,19 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import (
-    GPT2Config,
     PreTrainedTokenizerFast,
-    VisionEncoderDecoderConfig,
     VisionEncoderDecoderModel,
-    ViTConfig,
 )
 
 from encoders.world_dataset import StateSet, read_states
+from pipeline.pack.captioner_model import build_captioner, save_captioner, warm_start
 from pipeline.pack.captioner_report import heldout_report
-from pipeline.pack.strip_images import augment, strip_image_processor, to_pixels, to_unit
-from world_model.data.synthetic.simulation import STRIP_SIZE
+from pipeline.pack.strip_images import augment, to_pixels, to_unit
 from world_model.text.vocab import same_sentence
 from world_model.text.word_tokenizer import build_word_tokenizer
 from world_model.training.schedule import warmup_cosine
 from world_model.utils.cli import INPUT_ERRORS, check_output, check_positive, check_range
-from world_model.utils.files import atomic_dir, write_json_atomic
+from world_model.utils.files import write_json_atomic
 from world_model.utils.flags import settings_main
 
 BEST_DIR = "best"
@@ -95,48 +92,6 @@ class TrainConfig:
         check_range("--weight-decay", self.weight_decay, 0)
         check_range("--warmup-steps", self.warmup_steps, 0)
         check_range("--seed", self.seed, 0)
-
-
-def build_captioner(tokenizer: PreTrainedTokenizerFast, config: TrainConfig) -> VisionEncoderDecoderModel:
-    """A randomly initialised ViT + GPT-2 captioner for ``STRIP_SIZE`` strips whose special token ids
-    (decoder start = BOS, end = EOS, padding = PAD) are set in both the model and generation configs."""
-    encoder = ViTConfig(
-        image_size=list(STRIP_SIZE),
-        patch_size=config.patch_size,
-        hidden_size=config.encoder_hidden,
-        num_hidden_layers=config.encoder_layers,
-        num_attention_heads=config.encoder_heads,
-        intermediate_size=4 * config.encoder_hidden,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    decoder = GPT2Config(
-        vocab_size=len(tokenizer),
-        n_positions=tokenizer.model_max_length + 2,
-        n_embd=config.decoder_hidden,
-        n_layer=config.decoder_layers,
-        n_head=config.decoder_heads,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    model_config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
-    special = dict(
-        decoder_start_token_id=tokenizer.bos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    for name, value in special.items():
-        setattr(model_config, name, value)
-    torch.manual_seed(config.seed)
-    model = VisionEncoderDecoderModel(model_config)
-    for name, value in special.items():
-        setattr(model.generation_config, name, value)
-    return model
 
 
 def caption_labels(tokenizer: PreTrainedTokenizerFast, sentences: Sequence[str]) -> torch.Tensor:
@@ -188,16 +143,6 @@ def validate(
     return hits / len(images), loss_sum / tokens
 
 
-def save_captioner(model: VisionEncoderDecoderModel, tokenizer: PreTrainedTokenizerFast, folder: Path) -> None:
-    """Write model (fp16 safetensors), tokenizer and image processor to a temporary folder beside
-    ``folder``, then rename it into place: an interruption never leaves a partial ``folder``."""
-    with atomic_dir(folder) as tmp:
-        half = {name: tensor.detach().to(torch.float16) for name, tensor in model.state_dict().items()}
-        model.save_pretrained(tmp, state_dict=half)
-        tokenizer.save_pretrained(tmp)
-        strip_image_processor().save_pretrained(tmp)
-
-
 def split_validation(states: StateSet, val_episodes: int) -> tuple[np.ndarray, np.ndarray]:
     """Indices of the training strips and of the validation strips (those of the last ``val_episodes`` episodes)."""
     episodes = len(states.records)
@@ -207,14 +152,26 @@ def split_validation(states: StateSet, val_episodes: int) -> tuple[np.ndarray, n
     return np.flatnonzero(~is_val), np.flatnonzero(is_val)
 
 
-def train(data: Path, out: Path, config: TrainConfig, max_minutes: float | None = None, progress: bool = True) -> dict:
+def train(
+    data: Path,
+    out: Path,
+    config: TrainConfig,
+    max_minutes: float | None = None,
+    progress: bool = True,
+    init_from: Path | None = None,
+) -> dict:
     """Train on ``data/train``, save the best checkpoint to ``out/best`` and score it on ``data/heldout``;
-    returns (and writes to ``out/metrics.json``) the run's metrics."""
+    returns (and writes to ``out/metrics.json``) the run's metrics. With ``init_from`` (a captioner folder, such as
+    an earlier run's best/) training starts from its weights and tokenizer, with a fresh optimiser and schedule."""
     t_start = time.monotonic()
     heldout = read_states(data / "heldout", progress=progress)  # fail early if the held-out split is missing
     states = read_states(data / "train", progress=progress)
     train_idx, val_idx = split_validation(states, config.val_episodes)
     tokenizer = build_word_tokenizer(states.sentences[i] for i in train_idx)
+    if init_from is not None:
+        model, tokenizer = warm_start(init_from, tokenizer)
+    else:
+        model = build_captioner(tokenizer, config)
     data_set = CaptionData(
         torch.from_numpy(states.images),
         caption_labels(tokenizer, states.sentences),
@@ -222,13 +179,13 @@ def train(data: Path, out: Path, config: TrainConfig, max_minutes: float | None 
         val_idx,
         [states.sentences[i] for i in val_idx],
     )
-    model = build_captioner(tokenizer, config)
     out.mkdir(parents=True, exist_ok=True)
     history, best, reason, step = fit(model, tokenizer, data_set, config, out, t_start, max_minutes, progress)
     train_minutes = (time.monotonic() - t_start) / 60
     metrics = {
         "config": dataclasses.asdict(config),
         "data": str(data),
+        "init_from": None if init_from is None else str(init_from),
         "train_strips": len(train_idx),
         "val_strips": len(val_idx),
         "vocabulary": len(tokenizer),
@@ -353,6 +310,9 @@ class CaptionerRun:
         default=None, metadata={"help": "stop training after this many minutes (wall clock)"}
     )
     threads: int = field(default=1, metadata={"help": "torch CPU threads"})
+    init_from: Path | None = field(
+        default=None, metadata={"help": "start from this captioner folder's weights (e.g. an earlier run's best/)"}
+    )
     progress: bool = field(default=True, metadata={"help": "progress bars (--no-progress: none)"})
 
 
@@ -371,8 +331,9 @@ def train_command(run: CaptionerRun, config: TrainConfig, command: str) -> None:
     """The command's work: set the torch threads, check the output can be written, then train."""
     torch.set_num_threads(run.threads)
     # before the data is read and the training starts; the files of an earlier run in --out are replaced
-    check_output(run.out / METRICS_FILE, "--out", {"data folder": run.data}, overwrite=True)
-    train(run.data, run.out, config, max_minutes=run.max_minutes, progress=run.progress)
+    inputs = {"data folder": run.data, "--init-from folder": run.init_from}
+    check_output(run.out / METRICS_FILE, "--out", inputs, overwrite=True)
+    train(run.data, run.out, config, max_minutes=run.max_minutes, progress=run.progress, init_from=run.init_from)
 
 
 if __name__ == "__main__":
