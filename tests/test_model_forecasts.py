@@ -87,3 +87,32 @@ def test_the_baselines_trie_scores_equal_its_teacher_forced_scores_and_prune_onl
     monkeypatch.setattr(model_forecasts, "PRUNE", 1e-2)
     some = torch.isfinite(model_forecasts.pruned_sentence_scores(model, windows, candidates))
     assert (some >= kept).all()  # a looser rule keeps at least as much
+
+
+@pytest.mark.parametrize("model_type", ["four_tensor", "baseline"])
+def test_each_distinct_window_is_scored_once_a_call(model_type, monkeypatch):
+    """The cut after a second reads what the cut before it followed with the true sentence: one window, scored once."""
+    model, vocab, candidates, _ = setup(model_type)
+    record = {"id": "a", "scene": "ball"}
+    points = [
+        Point(record, ["the ball falls."], ["the ball bounces.", "the ball rests."]),
+        Point(record, ["the ball falls.", "the ball bounces."], ["the ball rests.", "the box slides."]),
+        Point({"id": "b", "scene": "ball"}, ["the ball falls."], ["the ball bounces.", "the ball rests."]),
+    ]
+    monkeypatch.setattr(model_forecasts, "EXPAND_MIN", 0.0)
+    monkeypatch.setattr(model_forecasts, "BEAM", 100)
+    alone = [model_forecasts.k_step_forecasts(model, vocab, candidates, [p], 2) for p in points]
+    scored = []
+    original = model_forecasts.candidate_scores
+    monkeypatch.setattr(
+        model_forecasts, "candidate_scores", lambda m, w, c: scored.extend(map(bytes, w.numpy())) or original(m, w, c)
+    )
+    together = model_forecasts.k_step_forecasts(model, vocab, candidates, points, 2, batch_size=2)
+    # step 1: two distinct pasts (a's and b's are the same); step 2: the four continuations of that one past, and the
+    # four of the longer past, one of which (falls, bounces) is the second point's own window of step 1
+    assert len(scored) == len(set(scored)) == 2 + 4 + 4 - 1
+    for one, many in zip(alone, together):
+        assert many.predicted == one[0].predicted
+        assert many.confidence == pytest.approx(one[0].confidence) and many.truth_prob == pytest.approx(
+            one[0].truth_prob
+        )

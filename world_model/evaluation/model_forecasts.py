@@ -11,7 +11,9 @@ Its distribution k sentences ahead is the marginal of that one-step distribution
 predictor continues with probability at least ``EXPAND_MIN`` is followed, and the ``BEAM`` likeliest histories of
 each point are kept after each step (renormalised), as ``world_model.evaluation.floors.markov`` does for the count
 floors. The forecast at each k is that marginal's likeliest sentence, its probability, and the probability of the
-truth, so accuracy, log-loss and calibration are read off the same distribution as the ceilings'.
+truth, so accuracy, log-loss and calibration are read off the same distribution as the ceilings'. Histories
+recur (the cut after a second reads what the cut before it followed with the true sentence; episodes share
+pasts), so each distinct window is scored once a call.
 """
 
 from __future__ import annotations
@@ -137,16 +139,19 @@ def k_step_forecasts(
     pasts = [vocab.encode_batch(list(ctx)[-c.n_states :], c.n_tokens) for ctx in contexts]  # (L, N) each
     marginals = torch.zeros(len(points), steps, len(known), dtype=torch.float64)
     frontier: list[list[tuple[float, list[int]]]] = [[(1.0, [])] for _ in points]  # per point: (p, candidate rows)
+    seen: dict[bytes, torch.Tensor] = {}  # a window's next-sentence distribution, computed once for the whole call
     with eval_mode(model), tqdm(total=steps, desc="forecasting", unit="step", disable=not progress) as bar:
         for k in range(steps):
             rows = [(i, p, history) for i, entries in enumerate(frontier) for p, history in entries]
-            probs = []
-            for start in range(0, len(rows), batch_size):
-                chunk = rows[start : start + batch_size]
-                windows = torch.stack([_window(pasts[i], candidates, history, c.n_states) for i, _, history in chunk])
-                scores = candidate_scores(model, windows.to(device), candidates)
-                probs.append((scores.double() / temperature).softmax(dim=-1).cpu())
-            probs = torch.cat(probs) if probs else torch.zeros(0, len(known), dtype=torch.float64)
+            windows = [_window(pasts[i], candidates, history, c.n_states) for i, _, history in rows]
+            keys = [w.numpy().tobytes() for w in windows]
+            new = list({key: w for key, w in zip(keys, windows) if key not in seen}.items())
+            for start in range(0, len(new), batch_size):
+                chunk = new[start : start + batch_size]
+                scores = candidate_scores(model, torch.stack([w for _, w in chunk]).to(device), candidates)
+                for (key, _), q in zip(chunk, (scores.double() / temperature).softmax(dim=-1).cpu()):
+                    seen[key] = q
+            probs = [seen[key] for key in keys]
             grown: list[dict[tuple[int, ...], float]] = [{} for _ in points]
             for (i, p, history), q in zip(rows, probs):
                 marginals[i, k] += p * q
