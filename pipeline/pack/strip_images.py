@@ -67,10 +67,17 @@ def augment(unit: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 
 
 def sample_grid(
-    pipe: PixelTextToImagePipeline, real: np.ndarray, sentences: list[str], path: Path, seed: int = 0
+    pipe: PixelTextToImagePipeline,
+    real: np.ndarray,
+    sentences: list[str],
+    path: Path,
+    seed: int = 0,
+    previous: list[np.ndarray] | None = None,
 ) -> None:
-    """Write a PNG: one row per sentence, its real strip (left) beside a rendering (right), under its text."""
-    rendered = pipe(sentences, generator=torch.Generator().manual_seed(seed), output_type="np").images
+    """Write a PNG: one row per sentence, its real strip (left) beside a rendering (right; continuing ``previous``,
+    the strips before, for a pipeline that reads them), under its text."""
+    generator = torch.Generator().manual_seed(seed)
+    rendered = pipe(sentences, generator=generator, output_type="np", previous=previous).images
     rendered = (rendered * 255).round().astype(np.uint8)
     height, width = real.shape[1:3]
     band, gap = 12, 4

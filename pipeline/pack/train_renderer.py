@@ -178,12 +178,15 @@ def save_pipeline(pipe: PixelTextToImagePipeline, folder: Path) -> None:
         half.save_pretrained(tmp)
 
 
-def fixed_samples(data: Path, size: tuple[int, int]) -> tuple[np.ndarray, list[str]]:
-    """``SAMPLE_COUNT`` strips of ``size`` spread over the first held-out episodes (all scene types), and their
-    sentences."""
+def fixed_samples(data: Path, size: tuple[int, int]) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """``SAMPLE_COUNT`` strips of ``size`` spread over the first held-out episodes (all scene types), their
+    sentences, and the strips of the seconds before them (blank, 0 in the model's range, for an episode's first)."""
     states = read_states(data / "heldout", limit=SAMPLE_COUNT * 2, size=size, progress=False)
     rows = np.linspace(0, len(states) - 1, SAMPLE_COUNT).round().astype(int)
-    return states.images[rows], [states.sentences[i] for i in rows]
+    before = np.stack(
+        [states.images[i - 1] if states.second[i] > 0 else np.full_like(states.images[i], 128) for i in rows]
+    )
+    return states.images[rows], [states.sentences[i] for i in rows], before
 
 
 def train(
@@ -199,7 +202,7 @@ def train(
     torch.set_num_threads(config.threads)
     bf16 = config.bf16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     states = read_states(data / "train", limit=limit, size=model_config.sample_size)
-    sample_real, sample_sentences = fixed_samples(data, model_config.sample_size)
+    sample_real, sample_sentences, sample_before = fixed_samples(data, model_config.sample_size)
     pipe = build_pixel_pipeline(states.sentences + sample_sentences, model_config, seed=config.seed)
     pipe.set_progress_bar_config(disable=True)
     pipe.unet.to(memory_format=torch.channels_last)
@@ -251,7 +254,8 @@ def train(
 
     def samples(step: int) -> None:
         with run.ema, torch.no_grad():
-            sample_grid(pipe, sample_real, sample_sentences, out / "samples" / f"step_{step:06d}.png")
+            before = list(sample_before) if pipe.config.previous_strip else None
+            sample_grid(pipe, sample_real, sample_sentences, out / "samples" / f"step_{step:06d}.png", previous=before)
 
     step, running, minutes = run_steps(run, config, checkpoint, samples, start)
     samples(step)
