@@ -43,6 +43,31 @@ def one_torch_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+def make_tiny_world_predictor(
+    folder: str | Path, kind: str, known: list[str], seed: int = 0, n_tokens: int = 12, n_states: int = 6
+) -> Path:
+    """Save a random tiny predictor of ``kind`` ("four_tensor" or "baseline") over the words of ``known``, with
+    ``known`` as its known sentences (the closed set the world's forecasts read)."""
+    from world_model.models.decoding import write_known_sentences
+    from world_model.models.registry import build_model, model_vocab_size
+    from world_model.text.vocab import Vocabulary
+
+    vocab = Vocabulary.build(known)
+    torch.manual_seed(seed)
+    section = {
+        "type": kind,
+        "d_x": 4,
+        "d_t": 2,
+        "n_heads": 1,
+        "n_layers": 1,
+        "n_tokens": n_tokens,
+        "n_states": n_states,
+    }
+    build_model(section, model_vocab_size(kind, vocab)).save_pretrained(folder, vocab=vocab)
+    write_known_sentences(folder, known)
+    return Path(folder)
+
+
 def square_left(index: int, frame_count: int, width: int) -> int:
     """Left edge (x, pixels) of the square in stored frame ``index`` of a clip from ``write_test_clip``."""
     return round(index * (width - SQUARE_SIZE) / max(frame_count - 1, 1))

@@ -6,30 +6,18 @@ import shutil
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from pipeline.pack import evaluate_world as ew
 from pipeline.tiny_pack import make_tiny_blip
 from renderers.pixel_pipeline import PixelPipelineConfig, build_pixel_pipeline
-from tests.model_factories import one_torch_thread
+from tests.model_factories import make_tiny_world_predictor, one_torch_thread
 from world_model.data.synthetic import generator
 from world_model.data.synthetic.episodes import known_sentences
-from world_model.models.decoding import write_known_sentences
-from world_model.models.registry import build_model, model_vocab_size
-from world_model.text.vocab import Vocabulary, tokenize
+from world_model.text.vocab import tokenize
 
 KINDS = ("counting", "occlusion")
 SECONDS, STEPS, OBSERVE = 6, 2, 3
-
-
-def tiny_predictor(folder, kind, known, seed):
-    vocab = Vocabulary.build(known)
-    torch.manual_seed(seed)
-    section = {"type": kind, "d_x": 4, "d_t": 2, "n_heads": 1, "n_layers": 1, "n_tokens": 16, "n_states": 5}
-    build_model(section, model_vocab_size(kind, vocab)).save_pretrained(folder, vocab=vocab)
-    write_known_sentences(folder, known)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +43,9 @@ def world(tmp_path_factory):
             num_inference_steps=2,
         )
         build_pixel_pipeline(known, config).save_pretrained(pack / "renderer")
-        tiny_predictor(pack / "predictor", "four_tensor", known, 0)
-        tiny_predictor(pack / "baseline", "baseline", known, 0)
-        second = tiny_predictor(root / "four_tensor_s1", "four_tensor", known, 1)
+        make_tiny_world_predictor(pack / "predictor", "four_tensor", known, 0, n_tokens=16, n_states=5)
+        make_tiny_world_predictor(pack / "baseline", "baseline", known, 0, n_tokens=16, n_states=5)
+        second = make_tiny_world_predictor(root / "four_tensor_s1", "four_tensor", known, 1, n_tokens=16, n_states=5)
     return pack, root / "data", second
 
 

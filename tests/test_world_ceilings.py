@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.model_factories import make_tiny_world_predictor
 from world_model.data.synthetic import ceilings, generator, scenes, simulation
 from world_model.evaluation import world_report, world_scores
 from world_model.evaluation.floors.markov import MIN_PROB, START, STRENGTHS, MarkovFloor
@@ -189,28 +190,17 @@ def test_report_command_writes_the_world_report(tmp_path, capsys):
 
 
 def test_report_scores_predictors_seed_by_seed_beside_the_floors(tmp_path, monkeypatch):
-    import torch
-
     from world_model.data.synthetic.episodes import known_sentences
-    from world_model.models.decoding import write_known_sentences
-    from world_model.models.registry import build_model, model_vocab_size
-    from world_model.text.vocab import Vocabulary
 
     data = tmp_path / "world"
     small = dict(seconds=7, fps=4, size=16, scenes=("counting",))
     generator.generate(12, 0, data, "train", **small)
     generator.generate(3, 0, data, "heldout", **small)
     known = known_sentences(data)
-    vocab = Vocabulary.build(known)
     folders = {}
     for kind in ("four_tensor", "baseline"):
         for seed in (0, 1):
-            torch.manual_seed(seed)
-            section = {"type": kind, "d_x": 4, "d_t": 2, "n_heads": 1, "n_layers": 1, "n_tokens": 12, "n_states": 6}
-            model = build_model(section, model_vocab_size(kind, vocab))
-            folder = tmp_path / f"{kind}{seed}"
-            model.save_pretrained(folder, vocab=vocab)
-            write_known_sentences(folder, known)
+            folder = make_tiny_world_predictor(tmp_path / f"{kind}{seed}", kind, known, seed)
             folders.setdefault(kind, []).append(str(folder))
     Path(folders["baseline"][1], "calibration.json").write_text('{"temperature": 2.5}')
     out, cache = tmp_path / "two", tmp_path / "cache"
@@ -250,24 +240,15 @@ def test_report_scores_predictors_seed_by_seed_beside_the_floors(tmp_path, monke
 
 
 def test_contexts_are_read_in_place_of_the_sentences_and_only_changed_points_are_forecast_anew(tmp_path, monkeypatch):
-    import torch
-
     from world_model.data.synthetic.episodes import known_sentences, read_episodes
     from world_model.evaluation import model_forecasts
-    from world_model.models.decoding import write_known_sentences
-    from world_model.models.registry import build_model, model_vocab_size
-    from world_model.text.vocab import Vocabulary
 
     data = tmp_path / "world"
     small = dict(seconds=6, fps=4, size=16, scenes=("counting",))
     generator.generate(10, 0, data, "train", **small)
     generator.generate(3, 0, data, "heldout", **small)
     known = known_sentences(data)
-    vocab = Vocabulary.build(known)
-    torch.manual_seed(0)
-    section = {"type": "four_tensor", "d_x": 4, "d_t": 2, "n_heads": 1, "n_layers": 1, "n_tokens": 12, "n_states": 5}
-    build_model(section, model_vocab_size("four_tensor", vocab)).save_pretrained(tmp_path / "p", vocab=vocab)
-    write_known_sentences(tmp_path / "p", known)
+    make_tiny_world_predictor(tmp_path / "p", "four_tensor", known, n_states=5)
     heldout = read_episodes(data / "heldout")
     truths = {r["id"]: [s["text"] for s in r["sentences"]] for r in heldout}
     predictors = {"four_tensor": [tmp_path / "p"]}
